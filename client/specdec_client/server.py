@@ -1,0 +1,225 @@
+"""Start and stop a real tritonserver (the 2.51.0 binary shipped in the nvidia-pytriton wheel).
+
+Used by `make serve` and by the integration tests. Stopping is thorough: SIGTERM to the server, then to
+every model process it started (they live in the server's process group), and removal of the Python
+backend's shared-memory regions that this server created.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_MODEL_REPOSITORY = REPO_ROOT / "model_repository"
+SHM_DIR = Path("/dev/shm")
+SHM_PREFIX = "triton_python_backend_shm_region_"
+
+
+def pytriton_root() -> Path:
+    """The tritonserver folder inside the installed nvidia-pytriton wheel (found without importing it)."""
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("nvidia-pytriton is not installed: run `bash scripts/setup_env.sh`")
+    return Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
+
+
+def server_environment() -> dict[str, str]:
+    """Environment for tritonserver: its bundled libraries and this venv's python3 first on PATH.
+
+    The Python backend starts model processes with `python3` from PATH in isolated mode, so the venv's
+    interpreter (with torch, numpy<2 and this project installed) must come first.
+    """
+    site_packages = pytriton_root().parents[1]
+    lib_dirs = [site_packages / "nvidia_pytriton.libs", site_packages / "nvidia" / "cuda_runtime" / "lib"]
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        [str(d) for d in lib_dirs if d.is_dir()] + [p for p in [env.get("LD_LIBRARY_PATH")] if p]
+    )
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _shm_regions() -> set[str]:
+    return {p.name for p in SHM_DIR.glob(SHM_PREFIX + "*")} if SHM_DIR.is_dir() else set()
+
+
+@dataclass
+class TritonServer:
+    """A tritonserver process bound to loopback, usable as a context manager."""
+
+    model_repository: Path = DEFAULT_MODEL_REPOSITORY
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    host: str = "127.0.0.1"
+    log_verbose: int = 0
+    log_file: Path | None = None
+    extra_args: list[str] = field(default_factory=list)
+    process: subprocess.Popen | None = None
+    _shm_before: set[str] = field(default_factory=set)
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    def command(self) -> list[str]:
+        root = pytriton_root()
+        return [
+            str(root / "bin" / "tritonserver"),
+            f"--model-repository={self.model_repository}",
+            f"--backend-directory={root / 'backends'}",
+            f"--http-address={self.host}",
+            f"--http-port={self.http_port}",
+            f"--grpc-address={self.host}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-address={self.host}",
+            f"--metrics-port={self.metrics_port}",
+            "--allow-gpu-metrics=false",
+            "--pinned-memory-pool-byte-size=0",
+            "--model-control-mode=none",
+            "--exit-timeout-secs=10",
+            f"--log-verbose={self.log_verbose}",
+            *self.extra_args,
+        ]
+
+    def start(self, timeout_s: float = 180.0) -> TritonServer:
+        self._shm_before = _shm_regions()
+        stdout = open(self.log_file, "ab") if self.log_file else None  # noqa: SIM115 - kept for the run
+        self.process = subprocess.Popen(
+            self.command(),
+            env=server_environment(),
+            stdout=stdout,
+            stderr=subprocess.STDOUT if stdout else None,
+            start_new_session=True,
+        )
+        try:
+            self.wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"tritonserver exited with code {self.process.returncode} before READY")
+            if self.is_ready():
+                return
+            time.sleep(0.25)
+        raise TimeoutError(f"tritonserver not READY after {timeout_s:.0f} s")
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop the server, then every process of its session (the model stubs), then its shm regions."""
+        proc = self.process
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        # Model stubs share the server's process group (start_new_session above).
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        for name in _shm_regions() - self._shm_before:
+            with contextlib.suppress(FileNotFoundError):
+                (SHM_DIR / name).unlink()
+        self.process = None
+
+    def __enter__(self) -> TritonServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Serve the specdec-triton model repository on loopback.")
+    parser.add_argument("--model-repository", type=Path, default=DEFAULT_MODEL_REPOSITORY)
+    parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
+    parser.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
+    parser.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
+    parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
+    parser.add_argument("--log-verbose", type=int, default=0)
+    args = parser.parse_args(argv)
+    server = TritonServer(
+        model_repository=args.model_repository.resolve(),
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        host=args.host,
+        log_verbose=args.log_verbose,
+    )
+
+    stopping = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        if not stopping:
+            stopping = True
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    started = time.monotonic()
+    try:
+        server.start()
+        print(
+            f"\nspecdec-triton READY in {time.monotonic() - started:.1f} s  "
+            f"(HTTP {server.http_url}, gRPC {server.grpc_url}, metrics {server.metrics_url})\n"
+            "Send a request:\n"
+            f"  .venv/bin/generate --url {server.grpc_url} --stream \"Write a JSON user record:\"\n"
+            f"  curl -s -X POST http://{server.http_url}/v2/models/ensemble/generate "
+            "-d '{\"text_input\": \"def fibonacci(n):\", \"max_tokens\": 64}'\n"
+            "Ctrl-C stops the server.",
+            flush=True,
+        )
+        assert server.process is not None
+        server.process.wait()
+        return server.process.returncode if server.process else 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        print("stopping tritonserver ...", flush=True)
+        server.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

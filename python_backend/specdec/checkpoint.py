@@ -1,0 +1,74 @@
+"""Read a Hugging Face Llama-architecture checkpoint (config.json + safetensors) without transformers."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+
+@dataclass(frozen=True)
+class LlamaSpec:
+    """The architecture numbers the runtimes need, read from a Hugging Face config.json."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+    pad_token_id: int | None
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> LlamaSpec:
+        archs = cfg.get("architectures") or ["LlamaForCausalLM"]
+        if cfg.get("model_type", "llama") != "llama" and "LlamaForCausalLM" not in archs:
+            raise ValueError(f"only Llama-architecture checkpoints are supported, got {cfg.get('model_type')}")
+        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ("default", None):
+            raise ValueError(f"rope type {rope_type!r} is not supported by the built-in runtime")
+        heads = int(cfg["num_attention_heads"])
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else ((int(eos),) if eos is not None else ())
+        return cls(
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=int(cfg["hidden_size"]),
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
+            intermediate_size=int(cfg["intermediate_size"]),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            eos_token_ids=eos_ids,
+            bos_token_id=cfg.get("bos_token_id"),
+            pad_token_id=cfg.get("pad_token_id"),
+        )
+
+
+def read_spec(model_dir: str | Path) -> LlamaSpec:
+    return LlamaSpec.from_config(json.loads((Path(model_dir) / "config.json").read_text()))
+
+
+def load_state_dict(model_dir: str | Path) -> dict[str, torch.Tensor]:
+    """All safetensors shards of a checkpoint folder, merged into one state dict."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        state.update(load_file(str(file)))
+    return state

@@ -1,0 +1,72 @@
+"""The runtime interface: one batched decoder forward over a static, slotted KV cache.
+
+A runtime owns the KV cache of `num_slots` sequences, each up to `max_length` tokens. It knows nothing of
+sequences or requests: the engine (specdec.engines) maps sequences to slots and lengths. Torch, ONNX Runtime
+and TensorRT runtimes implement this same interface so one model.py serves all three.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class ForwardItem:
+    """One sequence's part of a batched forward.
+
+    The new tokens are written to cache rows `past_length .. past_length + len(input_ids) - 1`. With
+    `tree_parents` (index of each token's parent within `input_ids`, -1 for a child of the cached prefix;
+    parents come before children) the tokens form a tree: each attends to the prefix and to its ancestors,
+    at position `past_length + depth`. Without it they form a chain (causal).
+    """
+
+    slot: int
+    past_length: int
+    input_ids: np.ndarray
+    num_logits: int = 1
+    tree_parents: np.ndarray | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+class DecoderRuntime(ABC):
+    """A decoder with a preallocated slotted KV cache."""
+
+    vocab_size: int
+    num_slots: int
+    max_length: int
+
+    @abstractmethod
+    def forward(self, items: list[ForwardItem]) -> list[np.ndarray]:
+        """Run one padded forward for all items; returns, per item, fp32 logits [num_logits, vocab]
+        for its last `num_logits` input positions."""
+
+    @abstractmethod
+    def move_rows(self, slot: int, src_rows: np.ndarray, dst_start: int) -> None:
+        """Copy cache rows `src_rows` of `slot` to `dst_start, dst_start+1, ...` (ascending, src >= dst):
+        keeps an accepted tree path contiguous after verification."""
+
+
+def tree_depths(parents: np.ndarray) -> np.ndarray:
+    """Depth of every node of a tree given in topological order (-1 = child of the prefix)."""
+    depths = np.zeros(len(parents), dtype=np.int64)
+    for i, parent in enumerate(parents):
+        if parent >= i:
+            raise ValueError("tree_parents must list parents before children")
+        depths[i] = 0 if parent < 0 else depths[parent] + 1
+    return depths
+
+
+def tree_ancestor_mask(parents: np.ndarray) -> np.ndarray:
+    """[n, n] bool: entry (i, j) is true when node j is node i or one of its ancestors."""
+    n = len(parents)
+    mask = np.eye(n, dtype=bool)
+    for i, parent in enumerate(parents):
+        if parent >= 0:
+            mask[i] |= mask[parent]
+    return mask

@@ -1,0 +1,186 @@
+"""A Llama decoder in plain torch with a static slotted KV cache (gpt-fast style).
+
+Loads a Hugging Face Llama checkpoint, runs in fp32 on CPU by default (or any torch device/dtype), batches
+several sequences with different cache lengths into one padded forward, and supports tree attention
+masks. Rollback is free: the engine simply passes a shorter `past_length` next time.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from specdec.checkpoint import LlamaSpec, load_state_dict, read_spec
+from specdec.runtime.base import DecoderRuntime, ForwardItem, tree_ancestor_mask, tree_depths
+
+
+class LlamaWeights:
+    """Checkpoint tensors regrouped for few, large matmuls (fused QKV and gate/up projections)."""
+
+    def __init__(self, spec: LlamaSpec, state: dict[str, torch.Tensor], dtype: torch.dtype, device: str):
+        def get(name: str) -> torch.Tensor:
+            return state[name].to(device=device, dtype=dtype)
+
+        self.embed = get("model.embed_tokens.weight")
+        self.lm_head = self.embed if spec.tie_word_embeddings or "lm_head.weight" not in state else get(
+            "lm_head.weight"
+        )
+        self.final_norm = get("model.norm.weight")
+        self.layers = []
+        for i in range(spec.num_layers):
+            p = f"model.layers.{i}."
+            self.layers.append(
+                {
+                    "attn_norm": get(p + "input_layernorm.weight"),
+                    "qkv": torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"]),
+                    "o": get(p + "self_attn.o_proj.weight"),
+                    "mlp_norm": get(p + "post_attention_layernorm.weight"),
+                    "gate_up": torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]),
+                    "down": get(p + "mlp.down_proj.weight"),
+                }
+            )
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    variance = x.float().pow(2).mean(-1, keepdim=True)
+    return weight * (x.float() * torch.rsqrt(variance + eps)).to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class TorchLlamaRuntime(DecoderRuntime):
+    """DecoderRuntime over torch tensors."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        num_slots: int,
+        max_length: int | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: str = "cpu",
+        num_threads: int | None = None,
+    ) -> None:
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        self.spec = read_spec(model_dir)
+        self.vocab_size = self.spec.vocab_size
+        self.num_slots = num_slots
+        self.max_length = min(max_length or self.spec.max_position_embeddings, self.spec.max_position_embeddings)
+        self.dtype = dtype
+        self.device = device
+        self.weights = LlamaWeights(self.spec, load_state_dict(model_dir), dtype, device)
+        s = self.spec
+        cache_shape = (num_slots, s.num_kv_heads, self.max_length, s.head_dim)
+        self.k_cache = [torch.zeros(cache_shape, dtype=dtype, device=device) for _ in range(s.num_layers)]
+        self.v_cache = [torch.zeros(cache_shape, dtype=dtype, device=device) for _ in range(s.num_layers)]
+        inv_freq = 1.0 / (s.rope_theta ** (torch.arange(0, s.head_dim, 2, dtype=torch.float32) / s.head_dim))
+        freqs = torch.outer(torch.arange(self.max_length, dtype=torch.float32), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.rope_cos = emb.cos().to(device=device, dtype=dtype)
+        self.rope_sin = emb.sin().to(device=device, dtype=dtype)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k_cache + self.v_cache)
+
+    def _layout(self, items: list[ForwardItem]):
+        """Padded token ids, RoPE positions, cache rows to write and the attention mask of a batch."""
+        batch = len(items)
+        width = max(item.num_tokens for item in items)
+        total = max(item.past_length + item.num_tokens for item in items)
+        if total > self.max_length:
+            raise ValueError(f"sequence would reach {total} tokens, past the cache length {self.max_length}")
+        ids = np.zeros((batch, width), dtype=np.int64)
+        positions = np.zeros((batch, width), dtype=np.int64)
+        mask = np.zeros((batch, width, total), dtype=bool)
+        mask[:, :, 0] = True  # padding rows attend somewhere; their outputs are discarded
+        write_slot, write_row, write_src = [], [], []
+        for b, item in enumerate(items):
+            n, past = item.num_tokens, item.past_length
+            ids[b, :n] = item.input_ids
+            if item.tree_parents is None:
+                positions[b, :n] = past + np.arange(n)
+                local = np.tril(np.ones((n, n), dtype=bool))
+            else:
+                positions[b, :n] = past + tree_depths(item.tree_parents)
+                local = tree_ancestor_mask(item.tree_parents)
+            mask[b, :n, :past] = True
+            mask[b, :n, past : past + n] = local
+            write_slot.extend([item.slot] * n)
+            write_row.extend(range(past, past + n))
+            write_src.extend(b * width + t for t in range(n))
+        as_long = lambda a: torch.as_tensor(np.asarray(a), dtype=torch.long, device=self.device)  # noqa: E731
+        return (
+            as_long(ids),
+            as_long(positions),
+            as_long(write_slot),
+            as_long(write_row),
+            as_long(write_src),
+            torch.as_tensor(mask[:, None], device=self.device),
+            total,
+        )
+
+    @torch.inference_mode()
+    def forward(self, items: list[ForwardItem]) -> list[np.ndarray]:
+        if not items:
+            return []
+        s, w = self.spec, self.weights
+        ids, positions, write_slot, write_row, write_src, mask, total = self._layout(items)
+        batch, width = ids.shape
+        slots = torch.as_tensor([item.slot for item in items], dtype=torch.long, device=self.device)
+        cos = self.rope_cos[positions][:, None]  # [B, 1, W, D]
+        sin = self.rope_sin[positions][:, None]
+        q_size = s.num_heads * s.head_dim
+        kv_size = s.num_kv_heads * s.head_dim
+        hidden = F.embedding(ids, w.embed)
+        for lw, k_cache, v_cache in zip(w.layers, self.k_cache, self.v_cache, strict=True):
+            x = rms_norm(hidden, lw["attn_norm"], s.rms_norm_eps)
+            q, k, v = F.linear(x, lw["qkv"]).split([q_size, kv_size, kv_size], dim=-1)
+            q = q.view(batch, width, s.num_heads, s.head_dim).transpose(1, 2)
+            k = k.view(batch, width, s.num_kv_heads, s.head_dim).transpose(1, 2)
+            v = v.view(batch, width, s.num_kv_heads, s.head_dim).transpose(1, 2)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            # Scatter the valid new rows into the cache, then attend over each slot's first `total` rows.
+            k_new = k.transpose(1, 2).reshape(batch * width, s.num_kv_heads, s.head_dim)[write_src]
+            v_new = v.transpose(1, 2).reshape(batch * width, s.num_kv_heads, s.head_dim)[write_src]
+            k_cache[write_slot, :, write_row] = k_new
+            v_cache[write_slot, :, write_row] = v_new
+            keys = k_cache[slots, :, :total]
+            values = v_cache[slots, :, :total]
+            attn = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, scale=1.0 / math.sqrt(s.head_dim),
+                enable_gqa=s.num_heads != s.num_kv_heads,
+            )
+            attn = attn.transpose(1, 2).reshape(batch, width, q_size)
+            hidden = hidden + F.linear(attn, lw["o"])
+            x = rms_norm(hidden, lw["mlp_norm"], s.rms_norm_eps)
+            gate, up = F.linear(x, lw["gate_up"]).chunk(2, dim=-1)
+            hidden = hidden + F.linear(F.silu(gate) * up, lw["down"])
+        # Logits only where asked: the last num_logits valid positions of each item.
+        rows = torch.as_tensor(
+            np.concatenate(
+                [b * width + np.arange(it.num_tokens - it.num_logits, it.num_tokens) for b, it in enumerate(items)]
+            ),
+            dtype=torch.long,
+            device=self.device,
+        )
+        last = rms_norm(hidden.reshape(batch * width, -1)[rows], w.final_norm, s.rms_norm_eps)
+        logits = F.linear(last, w.lm_head).float().cpu().numpy()
+        splits = np.cumsum([it.num_logits for it in items])[:-1]
+        return np.split(logits, splits)
+
+    @torch.inference_mode()
+    def move_rows(self, slot: int, src_rows: np.ndarray, dst_start: int) -> None:
+        src = torch.as_tensor(np.asarray(src_rows), dtype=torch.long, device=self.device)
+        dst = torch.arange(dst_start, dst_start + len(src_rows), device=self.device)
+        if torch.equal(src, dst):
+            return
+        for cache in self.k_cache + self.v_cache:
+            cache[slot, :, dst] = cache[slot, :, src]

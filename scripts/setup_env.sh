@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Idempotent environment setup: Debian packages, a CPython 3.11 venv in .venv, pinned Python packages,
+# the tritonserver binary from the nvidia-pytriton wheel and the Python-backend stub for this Python.
+# A second run with unchanged requirements does nothing (stamp file).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${VENV:-.venv}"
+PYTHON="${PYTHON:-python3.11}"
+STAMP="$VENV/.specdec-setup-stamp"
+want=$(cat requirements/*.txt pyproject.toml scripts/setup_env.sh | sha256sum | cut -d' ' -f1)
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
+  exit 0
+fi
+
+# Debian: libpython3.11 (the Python backend stub links it), libb64-0d (perf_analyzer).
+need_apt=()
+for pkg in libpython3.11 libb64-0d; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
+done
+if [ ${#need_apt[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}"
+fi
+
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q --upgrade pip
+"$VENV/bin/python" -m pip install -q --no-deps nvidia-pytriton==0.7.0
+"$VENV/bin/python" -m pip install -q -r requirements/dev.txt
+"$VENV/bin/python" -m pip install -q --no-deps -e .
+
+# The Python backend needs the stub built for this interpreter next to the backend library.
+"$VENV/bin/python" - <<'PY'
+import importlib.util, shutil, sys
+from pathlib import Path
+# Locate the package without importing it (its own Python deps are not installed on purpose).
+root = Path(importlib.util.find_spec("pytriton").submodule_search_locations[0]) / "tritonserver"
+ver = f"{sys.version_info.major}.{sys.version_info.minor}"
+src = root / "python_backend_stubs" / ver / "triton_python_backend_stub"
+dst = root / "backends" / "python" / "triton_python_backend_stub"
+shutil.copy2(src, dst)
+dst.chmod(0o755)
+print(f"tritonserver: {root / 'bin' / 'tritonserver'} (stub for Python {ver})")
+PY
+echo "$want" > "$STAMP"

@@ -1,0 +1,42 @@
+"""Shared fixtures: tiny random Llama checkpoints made on the fly (no hub, seconds)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_tiny_llama(path: Path, num_layers: int, seed: int, vocab_size: int = 96, hidden: int = 64,
+                    kv_heads: int = 2) -> Path:
+    """Save a random Llama checkpoint in Hugging Face format (fp32, so parity checks are tight)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=num_layers,
+        num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=256,
+        tie_word_embeddings=True, eos_token_id=1, bos_token_id=0, pad_token_id=2,
+    )
+    model = LlamaForCausalLM(config)
+    # Larger weights than the default init give peaked, input-dependent distributions.
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 2:
+                param.normal_(0, 0.3)
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(target_dir, draft_dir): a 3-layer target and a 1-layer draft with the same vocabulary."""
+    root = tmp_path_factory.mktemp("tiny_pair")
+    return (make_tiny_llama(root / "target", 3, seed=1), make_tiny_llama(root / "draft", 1, seed=2))
