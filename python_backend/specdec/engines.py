@@ -1,0 +1,169 @@
+"""Transport-free engines behind `target_model` and `draft_model`.
+
+Each engine owns a runtime (the KV cache) and a SlotTable, and serves a batch of step requests of
+different sequences with as few padded forwards as possible: one for the target; one catch-up forward plus
+one per further draft token for the draft. Rollback is by length (`past_length`); keeping an accepted tree
+path (`commit_rows`) rides on the next step, so neither needs an extra round trip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specdec.errors import InvalidRequestError, SpecDecError
+from specdec.kv_cache import SlotEntry, SlotTable
+from specdec.runtime.base import DecoderRuntime, ForwardItem
+
+EMPTY_IDS = np.zeros(0, dtype=np.int64)
+
+
+@dataclass
+class StepRequest:
+    """One sequence's call to a model: append `input_ids` after `past_length` valid cached tokens.
+
+    `commit_rows` (relative to `commit_base`) first moves the rows of an accepted tree path so they are
+    contiguous from `commit_base`. `end` frees the slot after the step; a step with no input only commits
+    and/or ends.
+    """
+
+    sequence_id: int
+    past_length: int = 0
+    input_ids: np.ndarray = field(default_factory=lambda: EMPTY_IDS)
+    start: bool = False
+    end: bool = False
+    num_logits: int = 1
+    tree_parents: np.ndarray | None = None
+    commit_base: int = 0
+    commit_rows: np.ndarray | None = None
+    num_draft_tokens: int = 0
+    want_logits: bool = False
+
+
+@dataclass
+class StepResult:
+    """Target: greedy token after each scored position. Draft: the proposed tokens."""
+
+    token_ids: np.ndarray = field(default_factory=lambda: EMPTY_IDS)
+    logits: np.ndarray | None = None
+    error: SpecDecError | None = None
+
+
+class _Engine:
+    def __init__(self, runtime: DecoderRuntime, idle_timeout_s: float) -> None:
+        self.runtime = runtime
+        self.slots = SlotTable(runtime.num_slots, idle_timeout_s)
+
+    def _prepare(self, request: StepRequest, extra_rows: int = 0) -> SlotEntry:
+        """Resolve the slot, check lengths, apply the commit. Raises SpecDecError for this request only."""
+        entry = self.slots.acquire(request.sequence_id) if request.start else self.slots.lookup(request.sequence_id)
+        if request.commit_rows is not None and len(request.commit_rows):
+            rows = np.asarray(request.commit_rows, dtype=np.int64)
+            if request.commit_base < 0 or request.commit_base + rows.max(initial=0) >= max(entry.written_length, 1):
+                raise InvalidRequestError("commit_rows", "rows past the written cache")
+            self.runtime.move_rows(entry.slot, request.commit_base + rows, request.commit_base)
+            entry.written_length = request.commit_base + len(rows)
+        if not 0 <= request.past_length <= entry.written_length:
+            raise InvalidRequestError(
+                "past_length", f"{request.past_length} is outside the {entry.written_length} cached tokens"
+            )
+        needed = request.past_length + len(request.input_ids) + extra_rows
+        if needed > self.runtime.max_length:
+            raise InvalidRequestError(
+                "input_ids", f"sequence would need {needed} cache rows; the limit is {self.runtime.max_length}"
+            )
+        return entry
+
+    def _finish(self, requests: list[StepRequest]) -> None:
+        for request in requests:
+            if request.end:
+                self.slots.release(request.sequence_id)
+
+    @property
+    def slots_in_use(self) -> int:
+        return self.slots.in_use
+
+
+class TargetEngine(_Engine):
+    """Scores proposals: logits (and greedy tokens) for the last `num_logits` positions of each input."""
+
+    def step(self, requests: list[StepRequest]) -> list[StepResult]:
+        try:
+            return self._step(requests)
+        finally:
+            self._finish(requests)
+
+    def _step(self, requests: list[StepRequest]) -> list[StepResult]:
+        self.slots.evict_idle()
+        results = [StepResult() for _ in requests]
+        batch: list[tuple[int, SlotEntry, ForwardItem]] = []
+        for i, request in enumerate(requests):
+            try:
+                entry = self._prepare(request)
+                if len(request.input_ids):
+                    if not 1 <= request.num_logits <= len(request.input_ids):
+                        raise InvalidRequestError("num_logits", f"must be in 1..{len(request.input_ids)}")
+                    item = ForwardItem(entry.slot, request.past_length, np.asarray(request.input_ids),
+                                       request.num_logits, request.tree_parents)
+                    batch.append((i, entry, item))
+            except SpecDecError as exc:
+                results[i].error = exc
+        if batch:
+            outputs = self.runtime.forward([item for _, _, item in batch])
+            for (i, entry, item), logits in zip(batch, outputs, strict=True):
+                entry.written_length = item.past_length + item.num_tokens
+                results[i].token_ids = logits.argmax(axis=-1).astype(np.int64)
+                if requests[i].want_logits:
+                    results[i].logits = logits
+        return results
+
+
+class DraftEngine(_Engine):
+    """Proposes `num_draft_tokens` greedy tokens per sequence in one call (looping inside)."""
+
+    def step(self, requests: list[StepRequest]) -> list[StepResult]:
+        try:
+            return self._step(requests)
+        finally:
+            self._finish(requests)
+
+    def _step(self, requests: list[StepRequest]) -> list[StepResult]:
+        self.slots.evict_idle()
+        results = [StepResult() for _ in requests]
+        active: list[tuple[int, SlotEntry, int]] = []  # (request index, slot entry, next cache row)
+        first: list[ForwardItem] = []
+        for i, request in enumerate(requests):
+            try:
+                k = request.num_draft_tokens
+                entry = self._prepare(request, extra_rows=max(k - 1, 0))
+                if k < 0:
+                    raise InvalidRequestError("num_draft_tokens", "must be >= 0")
+                if k and not len(request.input_ids):
+                    raise InvalidRequestError("input_ids", "drafting needs at least one new token")
+                if k:
+                    first.append(ForwardItem(entry.slot, request.past_length, np.asarray(request.input_ids)))
+                    active.append((i, entry, request.past_length + len(request.input_ids)))
+            except SpecDecError as exc:
+                results[i].error = exc
+        proposals: dict[int, list[int]] = {i: [] for i, _, _ in active}
+        kept_logits: dict[int, list[np.ndarray]] = {i: [] for i, _, _ in active}
+        items = first
+        while active:
+            outputs = self.runtime.forward(items)
+            next_active, next_items = [], []
+            for (i, entry, row), logits in zip(active, outputs, strict=True):
+                token = int(logits[-1].argmax())
+                proposals[i].append(token)
+                if requests[i].want_logits:
+                    kept_logits[i].append(logits[-1])
+                entry.written_length = row
+                if len(proposals[i]) < requests[i].num_draft_tokens:
+                    next_active.append((i, entry, row + 1))
+                    next_items.append(ForwardItem(entry.slot, row, np.array([token])))
+            active, items = next_active, next_items
+        for i, tokens in proposals.items():
+            results[i].token_ids = np.asarray(tokens, dtype=np.int64)
+            if requests[i].want_logits:
+                results[i].logits = np.stack(kept_logits[i])
+        return results
