@@ -37,6 +37,7 @@ class GenerationRequest:
     max_tokens: int
     end_ids: frozenset[int] = frozenset()
     num_draft_tokens: int = 0
+    min_tokens: int = 0  # end tokens are ignored until this many tokens were generated
 
 
 @dataclass
@@ -183,8 +184,9 @@ class SpeculativeGenerator:
         room = request.max_tokens - (len(tokens) - prompt_len)
         kept: list[int] = []
         reason = None
+        generated = len(tokens) - prompt_len
         for token in new[:room]:
-            if token in request.end_ids:
+            if token in request.end_ids and generated + len(kept) >= request.min_tokens:
                 reason = "stop"
                 break
             kept.append(token)

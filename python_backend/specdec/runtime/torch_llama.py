@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+
 from specdec.checkpoint import LlamaSpec, load_state_dict, read_spec
 from specdec.runtime.base import DecoderRuntime, ForwardItem, tree_ancestor_mask, tree_depths
 

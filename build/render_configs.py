@@ -1,0 +1,179 @@
+"""Render every config.pbtxt of the model repository from one deployment YAML.
+
+Configs are built as Triton ModelConfig protobufs (tritonclient's model_config_pb2) and written in text
+format, so whatever this writes is schema-valid by construction. Usage:
+
+    python build/render_configs.py build/deployments/cpu.yaml [--out model_repository] [--check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from google.protobuf import text_format
+from specdec_triton import contract as c
+from tritonclient.grpc import model_config_pb2 as mc
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+HEADER = "# Rendered by build/render_configs.py from {source}; edit that file, not this one.\n"
+
+
+def _tensor(msg_list: Any, spec: c.TensorSpec, is_input: bool) -> None:
+    item = msg_list.add()
+    item.name = spec.name
+    item.data_type = mc.DataType.Value(f"TYPE_{spec.dtype}")
+    item.dims.extend(spec.dims)
+    if is_input:
+        item.optional = spec.optional
+        item.allow_ragged_batch = spec.ragged
+
+
+def _base(name: str, max_batch_size: int, inputs, outputs, instances: dict, backend: str = "python") -> mc.ModelConfig:
+    cfg = mc.ModelConfig(name=name, backend=backend, max_batch_size=max_batch_size)
+    for spec in inputs:
+        _tensor(cfg.input, spec, True)
+    for spec in outputs:
+        _tensor(cfg.output, spec, False)
+    group = cfg.instance_group.add()
+    group.count = int(instances.get("instances", 1))
+    group.kind = mc.ModelInstanceGroup.Kind.Value(instances.get("kind", "KIND_CPU"))
+    group.gpus.extend(instances.get("gpus", []))
+    return cfg
+
+
+def _params(cfg: mc.ModelConfig, **values: Any) -> None:
+    for key, value in values.items():
+        cfg.parameters[key].string_value = str(value)
+
+
+def decoder_config(name: str, role: str, dep: dict) -> mc.ModelConfig:
+    model = dep["models"][name]
+    kv = dep["kv_cache"]
+    inputs = c.DRAFT_INPUTS if role == "draft" else c.DECODER_INPUTS
+    cfg = _base(name, kv["num_slots"], inputs, c.DECODER_OUTPUTS, model)
+    seq = cfg.sequence_batching
+    # Generous: the speculative loop never idles; our own slot timeout frees abandoned slots.
+    seq.max_sequence_idle_microseconds = int(kv["idle_timeout_s"] * 1_000_000)
+    seq.oldest.max_candidate_sequences = kv["num_slots"]
+    seq.oldest.max_queue_delay_microseconds = int(model.get("max_queue_delay_us", 100))
+    seq.oldest.preserve_ordering = False
+    for control_name, kind in ((c.CONTROL_START, "CONTROL_SEQUENCE_START"), (c.CONTROL_END, "CONTROL_SEQUENCE_END")):
+        control_input = seq.control_input.add(name=control_name)
+        control = control_input.control.add(kind=mc.ModelSequenceBatching.Control.Kind.Value(kind))
+        control.fp32_false_true.extend([0.0, 1.0])
+    corr = seq.control_input.add(name=c.CONTROL_CORRID)
+    corr.control.add(kind=mc.ModelSequenceBatching.Control.Kind.Value("CONTROL_SEQUENCE_CORRID"),
+                     data_type=mc.DataType.Value("TYPE_UINT64"))
+    _params(
+        cfg,
+        role=role,
+        runtime=model.get("runtime", dep.get("runtime", "torch")),
+        device=model.get("device", "cuda" if model.get("kind") == "KIND_GPU" else "cpu"),
+        num_slots=kv["num_slots"],
+        max_length=kv["max_length"],
+        idle_timeout_s=kv["idle_timeout_s"],
+        num_threads=model.get("num_threads", 1),
+    )
+    return cfg
+
+
+def speculative_config(dep: dict) -> mc.ModelConfig:
+    model = dep["models"]["speculative_decoding"]
+    cfg = _base("speculative_decoding", 64, c.GENERATION_INPUTS, c.GENERATION_OUTPUTS, model)
+    cfg.model_transaction_policy.decoupled = True
+    limits, kv = dep["limits"], dep["kv_cache"]
+    _params(
+        cfg,
+        tokenizer_dir="../target_model/1",
+        max_context_length=kv["max_length"],
+        max_concurrent_sequences=kv["num_slots"],
+        max_tokens_limit=limits["max_tokens"],
+        max_draft_tokens=limits["max_draft_tokens"],
+        max_candidates=limits["max_candidates"],
+        default_num_draft_tokens=dep["speculation"]["default_num_draft_tokens"],
+    )
+    return cfg
+
+
+def text_config(name: str, inputs, outputs, dep: dict, **params: Any) -> mc.ModelConfig:
+    cfg = _base(name, 64, inputs, outputs, dep["models"][name])
+    cfg.dynamic_batching.SetInParent()
+    _params(cfg, tokenizer_dir="../target_model/1", **params)
+    return cfg
+
+
+def ensemble_config() -> mc.ModelConfig:
+    cfg = mc.ModelConfig(name="ensemble", platform="ensemble", max_batch_size=64)
+    for spec in c.PUBLIC_INPUTS:
+        _tensor(cfg.input, spec, True)
+    for spec in c.PUBLIC_OUTPUTS:
+        _tensor(cfg.output, spec, False)
+    steps = cfg.ensemble_scheduling.step
+    pre = steps.add(model_name="preprocessing", model_version=-1)
+    pre.input_map["text_input"] = "text_input"
+    for spec in c.PREPROCESSING_OUTPUTS:
+        pre.output_map[spec.name] = f"_{spec.name}"
+    gen = steps.add(model_name="speculative_decoding", model_version=-1)
+    for spec in c.GENERATION_INPUTS:
+        gen.input_map[spec.name] = f"_{spec.name}" if spec in c.PREPROCESSING_OUTPUTS else spec.name
+    for spec in c.GENERATION_OUTPUTS:
+        gen.output_map[spec.name] = f"_{spec.name}"
+    post = steps.add(model_name="postprocessing", model_version=-1)
+    for spec in c.POSTPROCESSING_INPUTS:
+        post.input_map[spec.name] = f"_{spec.name}"
+    for spec in c.POSTPROCESSING_OUTPUTS:
+        post.output_map[spec.name] = spec.name
+    return cfg
+
+
+def render(deployment: dict) -> dict[str, mc.ModelConfig]:
+    return {
+        "preprocessing": text_config("preprocessing", c.PREPROCESSING_INPUTS, c.PREPROCESSING_OUTPUTS, deployment,
+                                     max_input_bytes=deployment["limits"]["max_input_bytes"]),
+        "target_model": decoder_config("target_model", "target", deployment),
+        "draft_model": decoder_config("draft_model", "draft", deployment),
+        "speculative_decoding": speculative_config(deployment),
+        "postprocessing": text_config("postprocessing", c.POSTPROCESSING_INPUTS, c.POSTPROCESSING_OUTPUTS, deployment),
+        "ensemble": ensemble_config(),
+    }
+
+
+def render_text(deployment_path: Path) -> dict[str, str]:
+    deployment = yaml.safe_load(deployment_path.read_text())
+    try:
+        source = deployment_path.resolve().relative_to(REPO_ROOT)
+    except ValueError:
+        source = deployment_path
+    return {name: HEADER.format(source=source) + text_format.MessageToString(cfg)
+            for name, cfg in render(deployment).items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("deployment", type=Path)
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "model_repository")
+    parser.add_argument("--check", action="store_true", help="fail if the files on disk differ")
+    args = parser.parse_args(argv)
+    stale = []
+    for name, text in render_text(args.deployment).items():
+        path = args.out / name / "config.pbtxt"
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(str(path))
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        (path.parent / "1").mkdir(exist_ok=True)
+        path.write_text(text)
+        print(f"wrote {path}")
+    if stale:
+        print("out of date (run build/render_configs.py):\n  " + "\n  ".join(stale), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

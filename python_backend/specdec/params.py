@@ -1,0 +1,136 @@
+"""Request parameters of the public contract (TensorRT-LLM ensemble names), parsed and validated.
+
+Transport-free: takes a mapping of input name -> numpy array (as any Triton adapter can produce) and
+returns typed options, or raises InvalidRequestError naming the field. Parameters that would change the
+output in a way this server does not implement are rejected, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from specdec.errors import InvalidRequestError, UnsupportedError
+
+ACCEPTANCE_MODES = ("greedy",)
+TASKS = ("auto", "json", "code", "text")
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    max_tokens_limit: int = 1024
+    max_draft_tokens: int = 16
+    max_candidates: int = 8
+    default_num_draft_tokens: int = 6
+
+
+@dataclass
+class RequestOptions:
+    max_tokens: int
+    stream: bool = False
+    end_id: int | None = None
+    min_length: int = 0
+    num_draft_tokens: int = 6
+    exclude_input_in_output: bool = False
+    task: str = "auto"
+    acceptance: str = "greedy"
+
+
+def _scalar(inputs: Mapping[str, np.ndarray], name: str) -> object | None:
+    value = inputs.get(name)
+    if value is None:
+        return None
+    array = np.asarray(value)
+    if array.size != 1:
+        raise InvalidRequestError(name, f"expected one value, got shape {list(array.shape)}")
+    item = array.reshape(-1)[0]
+    return item.decode("utf-8", errors="strict") if isinstance(item, bytes) else item.item()
+
+
+def _int(inputs: Mapping[str, np.ndarray], name: str, lo: int, hi: int, default: int | None) -> int | None:
+    value = _scalar(inputs, name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequestError(name, f"must be an integer, got {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise InvalidRequestError(name, f"must be in [{lo}, {hi}], got {value}")
+    return value
+
+
+def _bool(inputs: Mapping[str, np.ndarray], name: str, default: bool) -> bool:
+    value = _scalar(inputs, name)
+    return default if value is None else bool(value)
+
+
+def _float(inputs: Mapping[str, np.ndarray], name: str) -> float | None:
+    value = _scalar(inputs, name)
+    if value is None:
+        return None
+    value = float(value)
+    if not math.isfinite(value):
+        raise InvalidRequestError(name, f"must be a finite number, got {value}")
+    return value
+
+
+def _choice(inputs: Mapping[str, np.ndarray], name: str, choices: tuple[str, ...], default: str) -> str:
+    try:
+        value = _scalar(inputs, name)
+    except UnicodeDecodeError as exc:
+        raise InvalidRequestError(name, "is not valid UTF-8") from exc
+    if value is None or value == "":
+        return default
+    if value not in choices:
+        raise InvalidRequestError(name, f"must be one of {', '.join(choices)}; got {value!r}")
+    return str(value)
+
+
+def _require_default(inputs: Mapping[str, np.ndarray], name: str, ok: object, what: str) -> None:
+    """Accept a parameter only at its no-op value (clients send the defaults)."""
+    value = _scalar(inputs, name)
+    if value is not None and value != ok and not (isinstance(ok, float) and math.isclose(float(value), ok)):
+        raise UnsupportedError(name, f"{what} is not supported by this server (got {value})")
+
+
+def parse_request(inputs: Mapping[str, np.ndarray], limits: ServerLimits) -> RequestOptions:
+    max_tokens = _int(inputs, "max_tokens", 1, limits.max_tokens_limit, None)
+    if max_tokens is None:
+        raise InvalidRequestError("max_tokens", "is required")
+    for name in ("beam_width", "num_return_sequences"):
+        _require_default(inputs, name, 1, f"{name} > 1")
+    for name in ("return_log_probs", "return_context_logits", "return_generation_logits"):
+        _require_default(inputs, name, False, name)
+    for name in ("repetition_penalty", "length_penalty"):
+        _require_default(inputs, name, 1.0, name)
+    for name in ("presence_penalty", "frequency_penalty"):
+        _require_default(inputs, name, 0.0, name)
+    temperature = _float(inputs, "temperature")
+    if temperature is not None and temperature < 0:
+        raise InvalidRequestError("temperature", f"must be >= 0, got {temperature}")
+    top_k = _int(inputs, "top_k", 0, 1 << 30, 0) or 0
+    top_p = _float(inputs, "top_p")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise InvalidRequestError("top_p", f"must be in (0, 1], got {top_p}")
+    sampling = (temperature not in (None, 0.0)) and top_k != 1
+    if sampling:
+        raise UnsupportedError("temperature", "sampling (temperature > 0) is not supported yet; use 0 (greedy)")
+    for name in ("stop_words", "bad_words"):
+        value = inputs.get(name)
+        if value is not None and any(np.asarray(value).reshape(-1)):
+            raise UnsupportedError(name, f"{name} is not supported yet")
+    _int(inputs, "num_candidates", 1, limits.max_candidates, 1)
+    _float(inputs, "verify_threshold")
+    return RequestOptions(
+        max_tokens=max_tokens,
+        stream=_bool(inputs, "stream", False),
+        end_id=_int(inputs, "end_id", -1, 1 << 31, None),
+        min_length=_int(inputs, "min_length", 0, limits.max_tokens_limit, 0) or 0,
+        num_draft_tokens=_int(inputs, "num_draft_tokens", 0, limits.max_draft_tokens,
+                              limits.default_num_draft_tokens),
+        exclude_input_in_output=_bool(inputs, "exclude_input_in_output", False),
+        task=_choice(inputs, "task", TASKS, "auto"),
+        acceptance=_choice(inputs, "acceptance", ACCEPTANCE_MODES, "greedy"),
+    )

@@ -1,0 +1,60 @@
+"""ModelBackend over Triton BLS: each step is one async inference request to target_model / draft_model.
+
+The sequence id travels as the request's correlation id and START/END as sequence flags, so Triton's
+sequence batcher routes every step of a sequence to the instance that holds its KV slot.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from specdec.engines import StepRequest, StepResult
+from specdec.errors import SpecDecError
+
+from specdec_triton.contract import MODEL_NAMES
+from specdec_triton.tensors import ids_tensor, value_tensor
+
+
+class BlsModelBackend:
+    def __init__(self, target_model: str = MODEL_NAMES["target"], draft_model: str = MODEL_NAMES["draft"]) -> None:
+        self.target_model = target_model
+        self.draft_model = draft_model
+
+    async def target_step(self, request: StepRequest) -> StepResult:
+        return await self._call(self.target_model, request)
+
+    async def draft_step(self, request: StepRequest) -> StepResult:
+        return await self._call(self.draft_model, request)
+
+    async def _call(self, model: str, step: StepRequest) -> StepResult:
+        inputs = [ids_tensor("input_ids", step.input_ids), value_tensor("past_length", step.past_length, np.int32)]
+        if step.num_logits != 1:
+            inputs.append(value_tensor("num_logits", step.num_logits, np.int32))
+        if step.num_draft_tokens:
+            inputs.append(value_tensor("num_draft_tokens", step.num_draft_tokens, np.int32))
+        if step.tree_parents is not None:
+            inputs.append(ids_tensor("tree_parents", step.tree_parents))
+        if step.commit_rows is not None:
+            inputs.append(value_tensor("commit_base", step.commit_base, np.int32))
+            inputs.append(ids_tensor("commit_rows", step.commit_rows))
+        flags = 0
+        if step.start:
+            flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+        if step.end:
+            flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
+        outputs = ["token_ids", "logits"] if step.want_logits else ["token_ids"]
+        request = pb_utils.InferenceRequest(
+            model_name=model, inputs=inputs, requested_output_names=outputs,
+            correlation_id=step.sequence_id, flags=flags,
+        )
+        response: Any = await request.async_exec()
+        if response.has_error():
+            return StepResult(error=SpecDecError(response.error().message()))
+        token_ids = pb_utils.get_output_tensor_by_name(response, "token_ids")
+        logits = pb_utils.get_output_tensor_by_name(response, "logits") if step.want_logits else None
+        return StepResult(
+            token_ids=token_ids.as_numpy().reshape(-1).astype(np.int64) if token_ids is not None else np.zeros(0),
+            logits=logits.as_numpy()[0] if logits is not None else None,
+        )

@@ -1,0 +1,99 @@
+"""Tensor names and types of every model in the repository: the one place they are written down.
+
+The public inputs follow TensorRT-LLM's ensemble so its clients, `/generate`, perf_analyzer and genai-perf
+work unchanged. build/render_configs.py writes config.pbtxt files from these tables; the model.py
+adapters read and write tensors by these names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # Triton type without the TYPE_ prefix
+    dims: tuple[int, ...] = (1,)
+    optional: bool = False
+    ragged: bool = False
+
+
+# ---- public contract (ensemble) ----
+PUBLIC_INPUTS = (
+    TensorSpec("text_input", "STRING"),
+    TensorSpec("max_tokens", "INT32"),
+    TensorSpec("stream", "BOOL", optional=True),
+    TensorSpec("end_id", "INT32", optional=True),
+    TensorSpec("pad_id", "INT32", optional=True),
+    TensorSpec("temperature", "FP32", optional=True),
+    TensorSpec("top_k", "INT32", optional=True),
+    TensorSpec("top_p", "FP32", optional=True),
+    TensorSpec("seed", "UINT64", optional=True),
+    TensorSpec("random_seed", "UINT64", optional=True),
+    TensorSpec("min_length", "INT32", optional=True),
+    TensorSpec("stop_words", "STRING", (-1,), optional=True),
+    TensorSpec("bad_words", "STRING", (-1,), optional=True),
+    TensorSpec("exclude_input_in_output", "BOOL", optional=True),
+    TensorSpec("return_log_probs", "BOOL", optional=True),
+    TensorSpec("return_context_logits", "BOOL", optional=True),
+    TensorSpec("return_generation_logits", "BOOL", optional=True),
+    TensorSpec("return_perf_metrics", "BOOL", optional=True),
+    TensorSpec("beam_width", "INT32", optional=True),
+    TensorSpec("num_return_sequences", "INT32", optional=True),
+    TensorSpec("repetition_penalty", "FP32", optional=True),
+    TensorSpec("presence_penalty", "FP32", optional=True),
+    TensorSpec("frequency_penalty", "FP32", optional=True),
+    TensorSpec("length_penalty", "FP32", optional=True),
+    TensorSpec("num_draft_tokens", "INT32", optional=True),
+    TensorSpec("num_candidates", "INT32", optional=True),
+    TensorSpec("acceptance", "STRING", optional=True),
+    TensorSpec("verify_threshold", "FP32", optional=True),
+    TensorSpec("task", "STRING", optional=True),
+)
+STATS_OUTPUTS = (
+    TensorSpec("acceptance_rate", "FP32"),
+    TensorSpec("total_accepted_draft_tokens", "INT32"),
+    TensorSpec("total_draft_tokens", "INT32"),
+    TensorSpec("num_output_tokens", "INT32"),
+)
+PUBLIC_OUTPUTS = (TensorSpec("text_output", "STRING"), *STATS_OUTPUTS)
+
+# ---- preprocessing ----
+PREPROCESSING_INPUTS = (PUBLIC_INPUTS[0],)
+PREPROCESSING_OUTPUTS = (TensorSpec("input_ids", "INT32", (-1,)), TensorSpec("input_lengths", "INT32"))
+
+# ---- speculative_decoding: token ids in, token chunks out ----
+GENERATION_INPUTS = (*PREPROCESSING_OUTPUTS, *PUBLIC_INPUTS[1:])
+TOKEN_OUTPUTS = (TensorSpec("output_ids", "INT32", (-1,)), TensorSpec("prefix_ids", "INT32", (-1,)))
+GENERATION_OUTPUTS = (*TOKEN_OUTPUTS, *STATS_OUTPUTS)
+
+# ---- postprocessing: token chunks in, text out; statistics pass through ----
+POSTPROCESSING_INPUTS = GENERATION_OUTPUTS
+POSTPROCESSING_OUTPUTS = PUBLIC_OUTPUTS
+
+# ---- BLS contract of target_model and draft_model (sequence-batched, one KV slot per sequence) ----
+DECODER_INPUTS = (
+    TensorSpec("input_ids", "INT32", (-1,), ragged=True),
+    TensorSpec("past_length", "INT32"),
+    TensorSpec("num_logits", "INT32", optional=True),
+    TensorSpec("tree_parents", "INT32", (-1,), optional=True, ragged=True),
+    TensorSpec("commit_base", "INT32", optional=True),
+    TensorSpec("commit_rows", "INT32", (-1,), optional=True, ragged=True),
+)
+DRAFT_INPUTS = (*DECODER_INPUTS, TensorSpec("num_draft_tokens", "INT32", optional=True))
+DECODER_OUTPUTS = (TensorSpec("token_ids", "INT32", (-1,)), TensorSpec("logits", "FP32", (-1, -1)))
+
+# Sequence-batcher control tensors delivered to target_model / draft_model.
+CONTROL_START = "START"
+CONTROL_END = "END"
+CONTROL_CORRID = "CORRID"
+
+MODEL_NAMES = {
+    "ensemble": "ensemble",
+    "preprocessing": "preprocessing",
+    "speculative_decoding": "speculative_decoding",
+    "postprocessing": "postprocessing",
+    "target": "target_model",
+    "draft": "draft_model",
+}

@@ -1,0 +1,87 @@
+"""The Triton adapter of `target_model` and `draft_model`: tensors in, engine step, tensors out.
+
+Both are sequence-batched Python models: Triton delivers START/END/CORRID controls and groups steps of
+different sequences into one execute(), which the engine serves with one padded forward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from specdec.engines import DraftEngine, StepRequest, StepResult, TargetEngine
+from specdec.errors import InvalidRequestError
+from specdec.runtime import build_runtime
+
+from specdec_triton import contract as c
+from specdec_triton.tensors import error_response, ids_tensor, model_dir, model_parameters, scalar
+
+
+def read_step(request: Any) -> StepRequest:
+    def ids(name: str) -> np.ndarray | None:
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        return None if tensor is None else tensor.as_numpy().reshape(-1).astype(np.int64)
+
+    input_ids = ids("input_ids")
+    if input_ids is None:
+        raise InvalidRequestError("input_ids", "is required")
+    return StepRequest(
+        sequence_id=int(scalar(request, c.CONTROL_CORRID)),
+        past_length=int(scalar(request, "past_length", 0)),
+        input_ids=input_ids,
+        start=bool(scalar(request, c.CONTROL_START, 0)),
+        end=bool(scalar(request, c.CONTROL_END, 0)),
+        num_logits=int(scalar(request, "num_logits", 1)),
+        tree_parents=ids("tree_parents"),
+        commit_base=int(scalar(request, "commit_base", 0)),
+        commit_rows=ids("commit_rows"),
+        num_draft_tokens=int(scalar(request, "num_draft_tokens", 0)),
+        want_logits="logits" in request.requested_output_names(),
+    )
+
+
+def write_result(result: StepResult) -> Any:
+    if result.error is not None:
+        return error_response(result.error)
+    outputs = [ids_tensor("token_ids", result.token_ids)]
+    if result.logits is not None:
+        outputs.append(pb_utils.Tensor("logits", result.logits.astype(np.float32)[None]))
+    return pb_utils.InferenceResponse(output_tensors=outputs)
+
+
+class DecoderModel:
+    """TritonPythonModel for both decoders; the `role` parameter picks target or draft."""
+
+    def initialize(self, args: dict) -> None:
+        params = model_parameters(args)
+        runtime = build_runtime(
+            params.get("runtime", "torch"), model_dir(args), num_slots=int(params["num_slots"]),
+            max_length=int(params["max_length"]), device=params.get("device", "cpu"),
+            num_threads=int(params.get("num_threads", 1)),
+        )
+        engine_class = DraftEngine if params["role"] == "draft" else TargetEngine
+        self.engine = engine_class(runtime, idle_timeout_s=float(params["idle_timeout_s"]))
+
+    def execute(self, requests: list) -> list:
+        responses: list[Any] = [None] * len(requests)
+        steps, positions = [], []
+        for i, request in enumerate(requests):
+            try:
+                steps.append(read_step(request))
+                positions.append(i)
+            except Exception as exc:  # malformed call: answer it, serve the others
+                responses[i] = error_response(exc)
+        try:
+            results = self.engine.step(steps)
+        except Exception as exc:
+            pb_utils.Logger.log_error(f"forward failed: {exc}")
+            for i in positions:
+                responses[i] = error_response(exc)
+            return responses
+        for i, result in zip(positions, results, strict=True):
+            responses[i] = write_result(result)
+        return responses
+
+    def finalize(self) -> None:
+        self.engine = None
