@@ -14,7 +14,7 @@ fi
 
 # Debian: libpython3.11 (the Python backend stub links it), libb64-0d (perf_analyzer).
 need_apt=()
-for pkg in libpython3.11 libb64-0d; do
+for pkg in libpython3.11 libb64-0d nginx; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

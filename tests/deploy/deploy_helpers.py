@@ -1,0 +1,245 @@
+"""Helpers for the deployment tests: the nginx load balancer, a tiny model repository, the helm binary.
+
+Nothing here needs a Kubernetes cluster or a Docker engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import textwrap
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+NGINX_TEMPLATE = REPO_ROOT / "deploy" / "nginx" / "specdec.conf.template"
+CHART_DIR = REPO_ROOT / "deploy" / "helm" / "specdec-triton"
+
+_VAR = re.compile(r"\$\{(SPECDEC_[A-Z_]+)\}")
+
+
+def render_template(text: str, values: dict[str, str]) -> str:
+    """envsubst semantics restricted to ${SPECDEC_*}: nginx's own $variables are left alone.
+
+    Unlike envsubst, a variable without a value is an error, not an empty string.
+    """
+    missing = sorted({m.group(1) for m in _VAR.finditer(text)} - values.keys())
+    if missing:
+        raise KeyError(f"no value for {', '.join(missing)}")
+    return _VAR.sub(lambda m: values[m.group(1)], text)
+
+
+def nginx_binary() -> str | None:
+    return shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
+
+
+def wait_port(port: int, timeout_s: float, host: str = "127.0.0.1", proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with code {proc.returncode} before port {port} opened")
+        with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+            sock.settimeout(0.5)
+            if sock.connect_ex((host, port)) == 0:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(f"nothing listens on {host}:{port} after {timeout_s:.0f} s")
+
+
+@dataclass
+class NginxLB:
+    """nginx in the foreground (daemon off) on 127.0.0.1, config and logs in a private temp folder."""
+
+    http_backends: list[int]
+    grpc_backends: list[int]
+    http_port: int
+    grpc_port: int
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="specdec-nginx-")))
+    process: subprocess.Popen | None = None
+
+    @property
+    def access_log(self) -> Path:
+        return self.workdir / "access.log"
+
+    @property
+    def error_log(self) -> Path:
+        return self.workdir / "error.log"
+
+    def write_config(self) -> Path:
+        # Workers run as `nobody` when the master is root: they need to reach their temp folders.
+        self.workdir.chmod(0o755)
+        temp_dirs = {}
+        for name in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
+            path = self.workdir / "temp" / name
+            path.mkdir(parents=True, exist_ok=True)
+            path.chmod(0o777)
+            temp_dirs[name] = path
+        (self.workdir / "temp").chmod(0o755)
+
+        def upstreams(ports: list[int]) -> str:
+            return " ".join(f"server 127.0.0.1:{p} max_fails=1 fail_timeout=10s;" for p in ports)
+
+        snippet = render_template(
+            NGINX_TEMPLATE.read_text(),
+            {
+                "SPECDEC_HTTP_UPSTREAMS": upstreams(self.http_backends),
+                "SPECDEC_GRPC_UPSTREAMS": upstreams(self.grpc_backends),
+                "SPECDEC_HTTP_LISTEN": f"127.0.0.1:{self.http_port}",
+                "SPECDEC_GRPC_LISTEN": f"127.0.0.1:{self.grpc_port}",
+                "SPECDEC_ACCESS_LOG": str(self.access_log),
+            },
+        )
+        (self.workdir / "specdec.conf").write_text(snippet)
+        conf = self.workdir / "nginx.conf"
+        conf.write_text(
+            textwrap.dedent(
+                f"""\
+                daemon off;
+                worker_processes 1;
+                pid {self.workdir / "nginx.pid"};
+                error_log {self.error_log} info;
+                events {{ worker_connections 512; }}
+                http {{
+                    client_body_temp_path {temp_dirs["client_body"]};
+                    proxy_temp_path {temp_dirs["proxy"]};
+                    fastcgi_temp_path {temp_dirs["fastcgi"]};
+                    uwsgi_temp_path {temp_dirs["uwsgi"]};
+                    scgi_temp_path {temp_dirs["scgi"]};
+                    include {self.workdir / "specdec.conf"};
+                }}
+                """
+            )
+        )
+        return conf
+
+    def command(self, *extra: str) -> list[str]:
+        binary = nginx_binary()
+        if binary is None:
+            raise FileNotFoundError("nginx is not installed (Debian package `nginx`)")
+        conf = self.workdir / "nginx.conf"
+        return [binary, "-p", str(self.workdir), "-c", str(conf), "-e", str(self.error_log), *extra]
+
+    def start(self, timeout_s: float = 10.0) -> NginxLB:
+        self.write_config()
+        check = subprocess.run(self.command("-t"), capture_output=True, text=True, timeout=30)
+        if check.returncode != 0:
+            raise RuntimeError(f"nginx -t rejected the rendered config:\n{check.stderr}")
+        self.process = subprocess.Popen(
+            self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        )
+        try:
+            wait_port(self.http_port, timeout_s, proc=self.process)
+            wait_port(self.grpc_port, timeout_s, proc=self.process)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def set_backends(self, http_backends: list[int], grpc_backends: list[int], timeout_s: float = 10.0) -> None:
+        """Rewrite the upstreams and reload (SIGHUP): new workers route new requests, old ones finish theirs."""
+        assert self.process is not None and self.process.poll() is None, "nginx is not running"
+        self.http_backends, self.grpc_backends = list(http_backends), list(grpc_backends)
+        started_before = self._worker_starts()
+        self.write_config()
+        check = subprocess.run(self.command("-t"), capture_output=True, text=True, timeout=30)
+        if check.returncode != 0:
+            raise RuntimeError(f"nginx -t rejected the rendered config:\n{check.stderr}")
+        self.process.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + timeout_s
+        while self._worker_starts() <= started_before:
+            if time.monotonic() > deadline:
+                raise TimeoutError("nginx did not start new workers after SIGHUP")
+            time.sleep(0.05)
+
+    def _worker_starts(self) -> int:
+        text = self.error_log.read_text() if self.error_log.exists() else ""
+        return text.count("start worker process")
+
+    def access_entries(self) -> list[dict[str, str]]:
+        """The access log as dicts: rid, status, upstream (last peer tried), upstreams (all), request."""
+        entries = []
+        if not self.access_log.exists():
+            return entries
+        pattern = re.compile(
+            r'rid=(?P<rid>\S*) "(?P<request>[^"]*)" status=(?P<status>\d+) upstream=(?P<upstreams>.*?) '
+            r"upstream_status=(?P<upstream_status>.*?) rt="
+        )
+        for line in self.access_log.read_text().splitlines():
+            match = pattern.search(line)
+            if match:
+                entry = match.groupdict()
+                entry["upstream"] = entry["upstreams"].split(",")[-1].strip().split(" : ")[-1].strip()
+                entries.append(entry)
+        return entries
+
+    def stop(self) -> None:
+        proc = self.process
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGQUIT)  # graceful: finish open requests, then exit
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.stderr is not None:
+            proc.stderr.close()
+        self.process = None
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> NginxLB:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.cleanup()
+
+
+WHOAMI_CONFIG = """\
+name: "whoami"
+backend: "python"
+max_batch_size: 0
+input [ { name: "delay_ms" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "server_pid" data_type: TYPE_INT64 dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU count: 4 } ]
+"""
+
+WHOAMI_MODEL = '''\
+"""Answers with the process id of the tritonserver that runs it (the stub's parent), after delay_ms."""
+import os
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            delay_ms = int(pb_utils.get_input_tensor_by_name(request, "delay_ms").as_numpy().reshape(-1)[0])
+            time.sleep(max(delay_ms, 0) / 1000.0)
+            pid = pb_utils.Tensor("server_pid", np.array([os.getppid()], dtype=np.int64))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[pid]))
+        return responses
+'''
+
+
+def make_whoami_repository(root: Path) -> Path:
+    """A one-model repository whose answers tell which replica served them."""
+    (root / "whoami" / "1").mkdir(parents=True, exist_ok=True)
+    (root / "whoami" / "config.pbtxt").write_text(WHOAMI_CONFIG)
+    (root / "whoami" / "1" / "model.py").write_text(WHOAMI_MODEL)
+    return root
