@@ -1,0 +1,298 @@
+"""Train a Llama-architecture causal LM (the default target or draft) on the offline corpora.
+
+Next-token training on random windows of the concatenated ``<s> doc </s>`` token streams of each domain,
+domains mixed by ``--mix``. Fixed seeds (the batch of step ``i`` depends only on the seed and ``i``, so a
+resumed run sees the same data), bf16 autocast on CPU, tqdm progress bar, a resumable checkpoint
+(``state.pt``) every ``--ckpt-every`` steps, held-out loss per domain every ``--eval-every`` steps, logged
+to ``<out>/log.jsonl``. The final model is saved in Hugging Face format (bf16 safetensors + tokenizer)
+to ``<out>/hf``.
+
+Examples::
+
+    python build/train.py --out checkpoints/target --layers 12 --hidden 256 --heads 4 --kv-heads 4 \\
+        --intermediate 704 --steps 6000 --threads 1
+    python build/train.py --out checkpoints/draft --layers 1 --hidden 256 --steps 3000 --resume
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from corpora import read_jsonl  # noqa: E402
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+# --------------------------------------------------------------------------------------------- data
+def tokenize_split(tokenizer, path: Path, cache_dir: Path) -> np.ndarray:
+    """Return the ``<s> doc </s>`` token stream of a JSONL split as uint16, cached by content hash."""
+    tok_json = Path(tokenizer.name_or_path) / "tokenizer.json"
+    h = hashlib.sha256(path.read_bytes())
+    if tok_json.exists():
+        h.update(tok_json.read_bytes())
+    cache = cache_dir / f"{path.parent.name}-{path.stem}-{h.hexdigest()[:16]}.npy"
+    if cache.exists():
+        return np.load(cache)
+    docs = read_jsonl(path)
+    ids: list[int] = []
+    eos = tokenizer.eos_token_id
+    for start in range(0, len(docs), 256):
+        enc = tokenizer([d["text"] for d in docs[start:start + 256]], add_special_tokens=True)["input_ids"]
+        for seq in enc:
+            ids.extend(seq)
+            ids.append(eos)
+    arr = np.asarray(ids, dtype=np.uint16)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    np.save(cache, arr)
+    return arr
+
+
+class Batches:
+    """Deterministic sampler of training windows over several domain streams."""
+
+    def __init__(self, streams: dict[str, np.ndarray], mix: dict[str, float], seq_len: int, batch: int,
+                 seed: int) -> None:
+        self.names = [n for n in streams if mix.get(n, 0) > 0]
+        w = np.asarray([mix[n] for n in self.names], dtype=np.float64)
+        self.p = w / w.sum()
+        self.streams, self.seq_len, self.batch, self.seed = streams, seq_len, batch, seed
+
+    def get(self, step: int) -> torch.Tensor:
+        """The batch of ``step`` (shape ``[batch, seq_len + 1]``), a function of seed and step only."""
+        rng = np.random.default_rng([self.seed, step])
+        doms = rng.choice(len(self.names), size=self.batch, p=self.p)
+        rows = []
+        for d in doms:
+            s = self.streams[self.names[d]]
+            off = int(rng.integers(0, len(s) - self.seq_len - 1))
+            rows.append(s[off:off + self.seq_len + 1].astype(np.int64))
+        return torch.from_numpy(np.stack(rows))
+
+
+def eval_windows(stream: np.ndarray, seq_len: int, n: int) -> torch.Tensor:
+    """``n`` evenly spaced windows of a held-out stream (fixed, so losses are comparable over time)."""
+    n = max(1, min(n, (len(stream) - 1) // (seq_len + 1)))
+    offs = np.linspace(0, len(stream) - seq_len - 2, n).astype(np.int64)
+    return torch.from_numpy(np.stack([stream[o:o + seq_len + 1].astype(np.int64) for o in offs]))
+
+
+# -------------------------------------------------------------------------------------------- model
+def make_config(args: argparse.Namespace, tokenizer):
+    """A ``LlamaConfig`` from the command line size flags."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=args.hidden, intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+        max_position_embeddings=args.max_positions, rope_theta=args.rope_theta, rms_norm_eps=1e-5,
+        tie_word_embeddings=args.tie, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, attention_bias=False, mlp_bias=False, hidden_act="silu",
+        initializer_range=0.02,
+    )
+
+
+def lm_loss(model, batch: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross entropy of ``batch`` (``[B, T+1]``)."""
+    logits = model(input_ids=batch[:, :-1]).logits
+    return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+
+
+@torch.no_grad()
+def evaluate(model, windows: dict[str, torch.Tensor], micro: int) -> dict[str, float]:
+    """Held-out loss per domain."""
+    model.eval()
+    out = {}
+    for name, w in windows.items():
+        tot, n = 0.0, 0
+        for i in range(0, len(w), micro):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = lm_loss(model, w[i:i + micro])
+            tot += float(loss) * len(w[i:i + micro])
+            n += len(w[i:i + micro])
+        out[name] = round(tot / n, 4)
+    model.train()
+    return out
+
+
+def lr_at(step: int, args: argparse.Namespace) -> float:
+    """Linear warmup then cosine decay to ``lr * min_lr_frac``."""
+    if step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    t = min(1.0, (step - args.warmup) / max(1, args.steps - args.warmup))
+    return args.lr * (args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def save_hf(model, tokenizer, out: Path) -> None:
+    """Save ``model`` (in bf16) and ``tokenizer`` in Hugging Face format into ``out``."""
+    import copy
+
+    out.mkdir(parents=True, exist_ok=True)
+    m = copy.deepcopy(model).to(torch.bfloat16)
+    m.config.torch_dtype = "bfloat16"
+    m.generation_config.bos_token_id = tokenizer.bos_token_id
+    m.generation_config.eos_token_id = tokenizer.eos_token_id
+    m.generation_config.pad_token_id = tokenizer.pad_token_id
+    m.save_pretrained(str(out), safe_serialization=True)
+    tok_src = Path(tokenizer.name_or_path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tok_src / name).exists():
+            (out / name).write_bytes((tok_src / name).read_bytes())
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command line flags."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--corpora", type=Path, default=Path("data/corpora"))
+    ap.add_argument("--tokenizer", type=Path, default=Path("checkpoints/tokenizer"))
+    ap.add_argument("--out", type=Path, required=True, help="run folder: state.pt, log.jsonl, hf/")
+    ap.add_argument("--cache", type=Path, default=Path("data/tokens"), help="token stream cache")
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--intermediate", type=int, default=704)
+    ap.add_argument("--max-positions", type=int, default=2048)
+    ap.add_argument("--rope-theta", type=float, default=10000.0)
+    ap.add_argument("--no-tie", dest="tie", action="store_false", help="untie input/output embeddings")
+    ap.add_argument("--init-from", type=Path, default=None,
+                    help="HF folder to initialise from (same shapes; or embeddings only with --init-embed-only)")
+    ap.add_argument("--init-embed-only", action="store_true")
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=16, help="sequences per optimizer step")
+    ap.add_argument("--micro", type=int, default=16, help="sequences per forward (gradient accumulation)")
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--min-lr-frac", type=float, default=0.1)
+    ap.add_argument("--warmup", type=int, default=200)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--mix", default="code=1,json=1,prose=1.2", help="domain sampling weights")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--eval-every", type=int, default=250)
+    ap.add_argument("--eval-windows", type=int, default=32, help="held-out windows per domain")
+    ap.add_argument("--ckpt-every", type=int, default=250)
+    ap.add_argument("--resume", action="store_true", help="continue from <out>/state.pt if present")
+    ap.add_argument("--no-bf16", dest="bf16", action="store_false")
+    ap.add_argument("--no-progress", dest="progress", action="store_false")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Train; returns the final held-out losses."""
+    from tqdm import tqdm
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    np.random.seed(args.seed)
+    args.out.mkdir(parents=True, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(args.tokenizer))
+    mix = {k: float(v) for k, v in (kv.split("=") for kv in args.mix.split(","))}
+    train_streams = {d: tokenize_split(tokenizer, args.corpora / d / "train.jsonl", args.cache) for d in mix}
+    valid = {d: eval_windows(tokenize_split(tokenizer, args.corpora / d / "valid.jsonl", args.cache),
+                             args.seq_len, args.eval_windows) for d in mix}
+    batches = Batches(train_streams, mix, args.seq_len, args.batch, args.seed)
+
+    config = make_config(args, tokenizer)
+    model = LlamaForCausalLM(config)
+    if args.init_from is not None:
+        src = LlamaForCausalLM.from_pretrained(str(args.init_from), torch_dtype=torch.float32)
+        if args.init_embed_only:
+            model.get_input_embeddings().weight.data.copy_(src.get_input_embeddings().weight.data)
+            if not config.tie_word_embeddings:
+                model.get_output_embeddings().weight.data.copy_(src.get_output_embeddings().weight.data)
+        else:
+            model.load_state_dict(src.state_dict())
+    model.float().train()
+    n_params = sum(p.numel() for p in model.parameters())
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+    step, elapsed, tokens_seen = 0, 0.0, 0
+    state_path = args.out / "state.pt"
+    log_path = args.out / "log.jsonl"
+    if args.resume and state_path.exists():
+        st = torch.load(state_path, map_location="cpu", weights_only=False)
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["opt"])
+        step, elapsed, tokens_seen = st["step"], st["elapsed"], st["tokens_seen"]
+        torch.set_rng_state(st["torch_rng"])
+        print(f"resumed from {state_path} at step {step}", file=sys.stderr)
+    elif log_path.exists():
+        log_path.unlink()
+    (args.out / "args.json").write_text(json.dumps({k: str(v) for k, v in vars(args).items()}, indent=2) + "\n")
+
+    def log(rec: dict) -> None:
+        with log_path.open("a") as fh:
+            fh.write(json.dumps(rec) + "\n")
+
+    def checkpoint() -> None:
+        tmp = state_path.with_suffix(".tmp")
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "elapsed": elapsed,
+                    "tokens_seen": tokens_seen, "torch_rng": torch.get_rng_state(),
+                    "config": config.to_dict()}, tmp)
+        os.replace(tmp, state_path)
+
+    if step == 0:
+        log({"step": 0, "params": n_params, "config": config.to_dict(), "eval": evaluate(model, valid, args.micro)})
+    bar = tqdm(total=args.steps, initial=step, disable=not args.progress, dynamic_ncols=True, mininterval=2)
+    loss_ema = None
+    while step < args.steps:
+        t0 = time.perf_counter()
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, args)
+        batch = batches.get(step)
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for i in range(0, args.batch, args.micro):
+            mb = batch[i:i + args.micro]
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+                loss = lm_loss(model, mb)
+            (loss * len(mb) / args.batch).backward()
+            total += float(loss.detach()) * len(mb) / args.batch
+        gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+        opt.step()
+        step += 1
+        tokens_seen += batch.shape[0] * args.seq_len
+        elapsed += time.perf_counter() - t0
+        loss_ema = total if loss_ema is None else 0.98 * loss_ema + 0.02 * total
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss_ema:.3f}", tok_s=f"{tokens_seen / max(elapsed, 1e-9):.0f}")
+        rec: dict = {}
+        if step % args.eval_every == 0 or step == args.steps:
+            rec["eval"] = evaluate(model, valid, args.micro)
+        if step % 50 == 0 or rec:
+            rec.update(step=step, loss=round(total, 4), loss_ema=round(loss_ema, 4), lr=lr_at(step - 1, args),
+                       grad_norm=round(gnorm, 3), tokens_seen=tokens_seen, elapsed_s=round(elapsed, 1))
+            log(rec)
+            if "eval" in rec:
+                bar.write(f"step {step} loss {loss_ema:.3f} held-out {rec['eval']}")
+        if step % args.ckpt_every == 0 or step == args.steps:
+            checkpoint()
+    bar.close()
+    final = evaluate(model, valid, args.micro)
+    save_hf(model, tokenizer, args.out / "hf")
+    summary = {"params": n_params, "steps": step, "tokens_seen": tokens_seen, "train_time_s": round(elapsed, 1),
+               "held_out_loss": final, "config": config.to_dict()}
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps({k: summary[k] for k in ("params", "steps", "tokens_seen", "train_time_s", "held_out_loss")}),
+          file=sys.stderr)
+    return final
+
+
+if __name__ == "__main__":
+    main()
