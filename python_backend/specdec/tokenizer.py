@@ -19,7 +19,7 @@ class TextTokenizer:
         self.vocab_size = self._tokenizer.get_vocab_size()
 
     def encode(self, text: str) -> list[int]:
-        return self._tokenizer.encode(text, add_special_tokens=False).ids
+        return self._tokenizer.encode(text).ids  # with the special tokens the model was trained with
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=True)

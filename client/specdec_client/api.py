@@ -1,0 +1,138 @@
+"""Client calls of the `ensemble` over gRPC (tritonclient, streaming or not) and HTTP (/generate, SSE).
+
+Returns one `GenerationResult` with the text and the server's speculation statistics, plus client-side
+timings (time to first token, total latency) that the benchmark harness uses.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import requests
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import np_to_triton_dtype
+
+MODEL = "ensemble"
+STAT_NAMES = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_output_tokens")
+INPUT_DTYPES = {
+    "text_input": np.object_, "max_tokens": np.int32, "stream": np.bool_, "end_id": np.int32, "pad_id": np.int32,
+    "temperature": np.float32, "top_k": np.int32, "top_p": np.float32, "seed": np.uint64,
+    "min_length": np.int32, "exclude_input_in_output": np.bool_, "num_draft_tokens": np.int32,
+    "num_candidates": np.int32, "acceptance": np.object_, "verify_threshold": np.float32, "task": np.object_,
+    "beam_width": np.int32, "return_log_probs": np.bool_,
+}
+
+
+class GenerationError(RuntimeError):
+    """The server answered with an error (message as the server wrote it)."""
+
+
+@dataclass
+class GenerationResult:
+    text: str = ""
+    chunks: list[str] = field(default_factory=list)
+    stats: dict[str, float] = field(default_factory=dict)
+    time_to_first_token_s: float | None = None
+    latency_s: float = 0.0
+
+    @property
+    def num_output_tokens(self) -> int:
+        return int(self.stats.get("num_output_tokens", 0))
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.num_output_tokens / self.latency_s if self.latency_s else 0.0
+
+
+def grpc_inputs(params: dict[str, Any]) -> list[grpcclient.InferInput]:
+    inputs = []
+    for name, value in params.items():
+        if value is None:
+            continue
+        dtype = INPUT_DTYPES.get(name)
+        if dtype is None:
+            raise ValueError(f"unknown input {name}")
+        array = np.array([[value.encode() if isinstance(value, str) else value]], dtype=dtype)
+        tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        tensor.set_data_from_numpy(array)
+        inputs.append(tensor)
+    return inputs
+
+
+def _stats_from(result: Any) -> dict[str, float]:
+    stats = {}
+    for name in STAT_NAMES:
+        value = result.as_numpy(name)
+        if value is not None:
+            stats[name] = float(value.reshape(-1)[0])
+    return stats
+
+
+def generate_grpc(url: str, params: dict[str, Any], on_text: Callable[[str], None] | None = None,
+                  model: str = MODEL, timeout_s: float = 600.0,
+                  client: grpcclient.InferenceServerClient | None = None) -> GenerationResult:
+    """One request over a gRPC stream (works for stream true and false; decoupled models need a stream)."""
+    owned = client is None
+    client = client or grpcclient.InferenceServerClient(url)
+    responses: queue.Queue = queue.Queue()
+    out = GenerationResult()
+    started = time.perf_counter()
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    try:
+        client.async_stream_infer(model, grpc_inputs(params), enable_empty_final_response=False)
+        while True:
+            result, error = responses.get(timeout=timeout_s)
+            if error is not None:
+                raise GenerationError(str(error))
+            text = result.as_numpy("text_output").reshape(-1)[0].decode("utf-8")
+            if text and out.time_to_first_token_s is None:
+                out.time_to_first_token_s = time.perf_counter() - started
+            out.chunks.append(text)
+            if on_text:
+                on_text(text)
+            out.stats = _stats_from(result)
+            final = result.get_response().parameters.get("triton_final_response")
+            if final is None or final.bool_param:
+                break
+    finally:
+        client.stop_stream()
+        if owned:
+            client.close()
+    out.latency_s = time.perf_counter() - started
+    out.text = "".join(out.chunks)
+    return out
+
+
+def generate_http(url: str, params: dict[str, Any], on_text: Callable[[str], None] | None = None,
+                  model: str = MODEL, timeout_s: float = 600.0) -> GenerationResult:
+    """POST /generate (one response) or /generate_stream (server-sent events) when params['stream']."""
+    stream = bool(params.get("stream"))
+    endpoint = f"http://{url}/v2/models/{model}/generate" + ("_stream" if stream else "")
+    body = {k: v for k, v in params.items() if v is not None}
+    out = GenerationResult()
+    started = time.perf_counter()
+    with requests.post(endpoint, json=body, stream=stream, timeout=timeout_s) as resp:
+        if resp.status_code != 200:
+            raise GenerationError(f"HTTP {resp.status_code}: {resp.text}")
+        events = (line[len(b"data: "):] for line in resp.iter_lines() if line.startswith(b"data: ")) if stream \
+            else iter([resp.content])
+        for raw in events:
+            event = json.loads(raw)
+            if "error" in event:
+                raise GenerationError(event["error"])
+            text = event.get("text_output", "")
+            if text and out.time_to_first_token_s is None:
+                out.time_to_first_token_s = time.perf_counter() - started
+            out.chunks.append(text)
+            if on_text:
+                on_text(text)
+            out.stats = {name: float(event[name]) for name in STAT_NAMES if name in event}
+    out.latency_s = time.perf_counter() - started
+    out.text = "".join(out.chunks)
+    return out

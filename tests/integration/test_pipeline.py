@@ -1,0 +1,149 @@
+"""End to end through a real tritonserver: lossless greedy speculation, streaming, concurrency, bad input."""
+
+from __future__ import annotations
+
+import json
+import queue
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import torch
+import tritonclient.grpc as grpcclient
+from specdec_client.api import GenerationError, generate_grpc, generate_http
+from transformers import AutoTokenizer, LlamaForCausalLM
+
+pytestmark = pytest.mark.integration
+MAX_TOKENS = 40
+
+
+def ids_of(server, prompt: str, k: int) -> str:
+    params = {"text_input": prompt, "max_tokens": MAX_TOKENS, "num_draft_tokens": k, "exclude_input_in_output": True}
+    return generate_grpc(server.grpc_url, params)
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(server, all_prompts):
+    return {prompt: ids_of(server, prompt, 0) for _, prompt in all_prompts}
+
+
+def test_prompt_set_covers_three_domains(all_prompts):
+    assert len(all_prompts) >= 20 and {d for d, _ in all_prompts} == {"json", "code", "text"}
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+def test_greedy_speculation_equals_plain_decoding(server, all_prompts, plain_outputs, k):
+    for _, prompt in all_prompts:
+        result = ids_of(server, prompt, k)
+        assert result.text == plain_outputs[prompt].text, (k, prompt)
+        assert result.stats["total_draft_tokens"] > 0
+        assert 0 <= result.stats["total_accepted_draft_tokens"] <= result.stats["total_draft_tokens"]
+        rate = result.stats["total_accepted_draft_tokens"] / result.stats["total_draft_tokens"]
+        assert result.stats["acceptance_rate"] == pytest.approx(rate, abs=1e-6)
+
+
+def test_plain_decoding_equals_hugging_face_generate(server, all_prompts, plain_outputs):
+    model_dir = Path(server.model_repository) / "target_model" / "1"
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    eos = model.config.eos_token_id
+    for _, prompt in all_prompts:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False, eos_token_id=eos,
+                                 pad_token_id=tokenizer.pad_token_id)
+        expected = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        assert plain_outputs[prompt].text == expected, prompt
+        assert plain_outputs[prompt].num_output_tokens == len([t for t in out[0, ids.shape[1]:] if t != eos])
+
+
+def test_streaming_grpc_and_sse_assemble_to_the_same_text(server, all_prompts, plain_outputs):
+    for _, prompt in all_prompts[::4]:
+        params = {"text_input": prompt, "max_tokens": MAX_TOKENS, "num_draft_tokens": 4, "stream": True}
+        grpc_stream = generate_grpc(server.grpc_url, params)
+        sse = generate_http(server.http_url, params)
+        assert grpc_stream.text == plain_outputs[prompt].text
+        assert sse.text == plain_outputs[prompt].text
+        # Equal concatenations also prove no chunk split a character (each half would decode to U+FFFD).
+        assert len(grpc_stream.chunks) > 1
+
+
+def test_http_generate_returns_one_response_with_stats(server):
+    resp = requests.post(f"http://{server.http_url}/v2/models/ensemble/generate",
+                         json={"text_input": "def add(a, b):", "max_tokens": 16}, timeout=120)
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["text_output"].startswith("def add(a, b):")  # the prompt is echoed unless excluded
+    for name in ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_output_tokens"):
+        assert name in body
+
+
+def test_concurrent_streams_match_sequential(server, all_prompts, plain_outputs):
+    prompts = [p for _, p in all_prompts[:8]]
+
+    def run(prompt):
+        return generate_grpc(server.grpc_url, {"text_input": prompt, "max_tokens": MAX_TOKENS, "stream": True,
+                                               "num_draft_tokens": 5}).text
+
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(run, prompts))
+    assert together == [plain_outputs[p].text for p in prompts]
+
+
+def grpc_error(server, inputs: list[grpcclient.InferInput]) -> str:
+    """The error a gRPC stream (decoupled models need one) answers to these raw inputs."""
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put(error))
+    try:
+        client.async_stream_infer("ensemble", inputs)
+        error = answers.get(timeout=60)
+    finally:
+        client.stop_stream()
+        client.close()
+    assert error is not None, "the request succeeded"
+    return str(error)
+
+
+def tensor(name: str, value, dtype) -> grpcclient.InferInput:
+    array = np.array([[value]], dtype=dtype)
+    from tritonclient.utils import np_to_triton_dtype
+
+    t = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+    t.set_data_from_numpy(array)
+    return t
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"text_input": "", "max_tokens": 8}, "text_input"),
+        ({"text_input": "hi", "max_tokens": 0}, "max_tokens"),
+        ({"text_input": "hi", "max_tokens": -5}, "max_tokens"),
+        ({"text_input": "hi", "max_tokens": 10**6}, "max_tokens"),
+        ({"text_input": "hi", "max_tokens": 8, "num_draft_tokens": 99}, "num_draft_tokens"),
+        ({"text_input": "hi", "max_tokens": 8, "num_draft_tokens": -1}, "num_draft_tokens"),
+        ({"text_input": "hi", "max_tokens": 8, "beam_width": 2}, "beam_width"),
+        ({"text_input": "hi", "max_tokens": 8, "task": "poetry"}, "task"),
+    ],
+)
+def test_bad_input_gets_a_clear_error_and_the_server_keeps_serving(server, params, field):
+    with pytest.raises(GenerationError, match=field):
+        generate_grpc(server.grpc_url, params)
+    resp = requests.post(f"http://{server.http_url}/v2/models/ensemble/generate", json=params, timeout=60)
+    assert resp.status_code == 400 and field in resp.json()["error"]
+    assert generate_grpc(server.grpc_url, {"text_input": "ok", "max_tokens": 4}).num_output_tokens > 0
+
+
+def test_wrong_dtype_and_invalid_utf8_are_rejected(server):
+    message = grpc_error(server, [tensor("text_input", b"hi", np.object_), tensor("max_tokens", 8.5, np.float32)])
+    assert "max_tokens" in message and "FP32" in message
+    message = grpc_error(server, [tensor("text_input", b"\xff\xfe bad", np.object_), tensor("max_tokens", 8, np.int32)])
+    assert "text_input" in message and "UTF-8" in message
+    resp = requests.post(f"http://{server.http_url}/v2/models/ensemble/generate",
+                         data=json.dumps({"text_input": "hi", "max_tokens": "eight"}), timeout=60)
+    # Triton 2.51's /generate front end answers JSON type errors itself, with 500 and a parse message.
+    assert resp.status_code in (400, 500) and "Unable to parse" in resp.json()["error"]
+    assert generate_grpc(server.grpc_url, {"text_input": "ok", "max_tokens": 4}).num_output_tokens > 0
