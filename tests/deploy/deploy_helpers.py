@@ -18,9 +18,25 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NGINX_TEMPLATE = REPO_ROOT / "deploy" / "nginx" / "specdec.conf.template"
 CHART_DIR = REPO_ROOT / "deploy" / "helm" / "specdec-triton"
+
+# The two supported value sets: production (GPU, TensorRT) and development (CPU).
+VALUE_SETS = {"gpu": [], "cpu": [CHART_DIR / "values-cpu.yaml"]}
+
+
+def helm_template(helm: Path, values: list[Path], *extra: str, namespace: str = "llm") -> list[dict]:
+    cmd = [str(helm), "template", "specdec", str(CHART_DIR), "--namespace", namespace]
+    for path in values:
+        cmd += ["-f", str(path)]
+    out = subprocess.run([*cmd, *extra], capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        raise AssertionError(f"helm template failed:\n{out.stderr}")
+    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+
 
 _VAR = re.compile(r"\$\{(SPECDEC_[A-Z_]+)\}")
 
