@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
-PYTHON="${PYTHON:-python3.11}"
+PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 STAMP="$VENV/.specdec-setup-stamp"
 want=$(cat requirements/*.txt pyproject.toml scripts/setup_env.sh | sha256sum | cut -d' ' -f1)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
@@ -23,7 +23,14 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}"
 fi
 
-[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+if [ ! -x "$VENV/bin/python" ]; then
+  if ! "$PYTHON" -m venv "$VENV" 2>/dev/null; then  # Debian's system Python keeps venv in its own package
+    rm -rf "$VENV"
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3.11-venv
+    "$PYTHON" -m venv "$VENV"
+  fi
+fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q --no-deps nvidia-pytriton==0.7.0
 "$VENV/bin/python" -m pip install -q -r requirements/dev.txt
