@@ -12,9 +12,11 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from specdec.engines import DraftEngine, StepRequest, StepResult, TargetEngine
 from specdec.errors import InvalidRequestError
+from specdec.metrics import ProcessMetrics
 from specdec.runtime import build_runtime
 
 from specdec_triton import contract as c
+from specdec_triton.metrics import TritonMetricSink
 from specdec_triton.tensors import error_response, ids_tensor, model_dir, model_parameters, scalar
 
 
@@ -62,6 +64,10 @@ class DecoderModel:
         )
         engine_class = DraftEngine if params["role"] == "draft" else TargetEngine
         self.engine = engine_class(runtime, idle_timeout_s=float(params["idle_timeout_s"]))
+        self.metric_sink = TritonMetricSink()
+        self.metrics = ProcessMetrics(self.metric_sink, args["model_name"], args["model_instance_name"],
+                                      num_slots=runtime.num_slots,
+                                      kv_cache_bytes=getattr(runtime, "kv_cache_bytes", None))
 
     def execute(self, requests: list) -> list:
         responses: list[Any] = [None] * len(requests)
@@ -79,9 +85,12 @@ class DecoderModel:
             for i in positions:
                 responses[i] = error_response(exc)
             return responses
+        finally:
+            self.metrics.update(self.engine.slots_in_use)
         for i, result in zip(positions, results, strict=True):
             responses[i] = write_result(result)
         return responses
 
     def finalize(self) -> None:
         self.engine = None
+        self.metric_sink.close()

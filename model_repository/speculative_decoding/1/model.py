@@ -15,10 +15,12 @@ import triton_python_backend_utils as pb_utils
 from specdec.detokenize import IncrementalDetokenizer
 from specdec.errors import InvalidRequestError
 from specdec.generation import GenerationRequest, GenerationStats, SpeculativeGenerator
+from specdec.metrics import UNKNOWN_TASK, GenerationMetrics, ProcessMetrics, RequestTimer
 from specdec.params import ServerLimits, parse_request
 from specdec.tokenizer import TextTokenizer
 from specdec_triton.bls import BlsModelBackend
 from specdec_triton.contract import GENERATION_INPUTS
+from specdec_triton.metrics import TritonMetricSink
 from specdec_triton.tensors import (
     error_response,
     ids_tensor,
@@ -58,15 +60,20 @@ class TritonPythonModel:
         self.generator = SpeculativeGenerator(BlsModelBackend(), int(params["max_context_length"]))
         # At most as many live generations as KV slots: the rest wait here, not inside the decoders.
         self.slots = asyncio.Semaphore(int(params["max_concurrent_sequences"]))
+        self.metric_sink = TritonMetricSink()
+        self.metrics = GenerationMetrics(self.metric_sink, args["model_name"], args["model_instance_name"])
+        self.process_metrics = ProcessMetrics(self.metric_sink, args["model_name"], args["model_instance_name"])
 
     async def execute(self, requests: list) -> None:
         await asyncio.gather(*(self._serve(request) for request in requests))
 
     async def _serve(self, request: Any) -> None:
         sender = request.get_response_sender()
+        timer = self.metrics.start(UNKNOWN_TASK)
         try:
             inputs = read_inputs(request, GENERATION_INPUTS)
             options = parse_request(inputs, self.limits)
+            timer.task = options.task
             if "input_ids" not in inputs:
                 raise InvalidRequestError("input_ids", "is required")
             prompt = inputs["input_ids"].reshape(-1).astype(np.int64).tolist()
@@ -75,18 +82,31 @@ class TritonPythonModel:
                                            min_tokens=options.min_length)
             self.generator.validate(generation)
             async with self.slots:
-                await self._generate(sender, generation, options.stream, options.exclude_input_in_output)
+                self.metrics.begin_generation()
+                try:
+                    reason = await self._generate(sender, generation, options.stream,
+                                                  options.exclude_input_in_output, timer)
+                finally:
+                    self.metrics.end_generation()
+            self.metrics.finish(timer, reason or "cancelled", generation.num_draft_tokens)
+            self.process_metrics.update()
         except Exception as exc:
+            self.metrics.finish(timer, "error", 0, error=exc)
             if not isinstance(exc, InvalidRequestError):
                 pb_utils.Logger.log_error(f"speculative_decoding: {type(exc).__name__}: {exc}")
             sender.send(error_response(exc), flags=FINAL)
 
-    async def _generate(self, sender: Any, generation: GenerationRequest, stream: bool, exclude_input: bool) -> None:
-        stats = GenerationStats()
+    async def _generate(self, sender: Any, generation: GenerationRequest, stream: bool, exclude_input: bool,
+                        timer: RequestTimer) -> str | None:
+        """Run the generator and send its responses; returns the finish reason."""
+        stats = timer.stats = GenerationStats()
+        reason = None
         sequence_id = secrets.randbits(63) or 1
         detokenizer = IncrementalDetokenizer(self.tokenizer.decode) if stream else None
         output: list[int] = []
         async for update in self.generator.generate(generation, sequence_id, stats, sender.is_cancelled):
+            timer.tokens(len(update.token_ids))
+            reason = update.finish_reason
             output.extend(update.token_ids)
             if detokenizer is None:
                 continue
@@ -101,3 +121,7 @@ class TritonPythonModel:
         if detokenizer is None:
             ids = output if exclude_input else generation.prompt_ids + output
             sender.send(chunk_response([], ids, stats), flags=FINAL)
+        return reason
+
+    def finalize(self) -> None:
+        self.metric_sink.close()

@@ -1,0 +1,372 @@
+"""The project's Prometheus metrics: names, help texts, label names, buckets, and how requests feed them.
+
+Triton-free. `specdec_triton.metrics` turns each `MetricSpec` into a `pb_utils.MetricFamily` on Triton's
+metrics port (next to Triton's own `nv_inference_*`); tests use `InMemorySink`. This module is the one
+place where a metric name, help text, label name or bucket boundary is written down (docs/OBSERVABILITY.md
+describes them for operators).
+
+Label `model` is the Triton model that reports the series (as in Triton's own metrics), `task` the request's
+task (json | code | text | auto; `unknown` when the request could not be parsed), `instance` the model
+instance (gauges only: each instance process sets its own value; counters and histograms of several
+instances with equal labels add up in Triton's registry).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from specdec.errors import CapacityError, InvalidRequestError, SequenceStateError, UnsupportedError
+
+Kind = Literal["counter", "gauge", "histogram"]
+
+# ---- label names ----
+MODEL = "model"
+TASK = "task"
+INSTANCE = "instance"
+OUTCOME = "outcome"
+ERROR_KIND = "kind"
+POSITION = "position"
+
+UNKNOWN_TASK = "unknown"
+# Outcomes of a request: the generator's finish reasons plus "error".
+OUTCOMES = ("length", "stop", "context", "cancelled", "error")
+# Error kinds (label values of specdec_errors_total).
+ERROR_KINDS = ("invalid_argument", "unsupported", "capacity", "sequence_state", "model_call", "internal",
+               "draft_failure")
+
+# ---- windows and throttles ----
+ACCEPTANCE_WINDOW_S = 60.0  # the windowed acceptance-rate and mean-accepted-length gauges look back this far
+MEMORY_UPDATE_INTERVAL_S = 1.0  # resident-memory gauges are refreshed at most this often per process
+
+# ---- histogram buckets (seconds) ----
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+ITL_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
+DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0)
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    kind: Kind
+    help: str
+    labels: tuple[str, ...]
+    buckets: tuple[float, ...] | None = None
+
+
+_REQ = (MODEL, TASK)
+_GAUGE = (MODEL, TASK, INSTANCE)
+_PROC = (MODEL, INSTANCE)
+
+# ---- tier 2: speculation (reported by speculative_decoding) ----
+REQUESTS = MetricSpec("specdec_requests_total", "counter",
+                      "Generation requests finished, by outcome (length, stop, context, cancelled, error).",
+                      (*_REQ, OUTCOME))
+OUTPUT_TOKENS = MetricSpec("specdec_output_tokens_total", "counter", "Tokens generated and returned.", _REQ)
+DRAFT_TOKENS = MetricSpec("specdec_draft_tokens_total", "counter", "Draft tokens proposed for verification.", _REQ)
+ACCEPTED_DRAFT_TOKENS = MetricSpec("specdec_accepted_draft_tokens_total", "counter",
+                                   "Draft tokens accepted by the target model.", _REQ)
+ACCEPTED_BY_POSITION = MetricSpec("specdec_accepted_draft_tokens_by_position_total", "counter",
+                                  "Accepted draft tokens by their position in the proposal (0 = first).",
+                                  (*_REQ, POSITION))
+VERIFICATION_PASSES = MetricSpec("specdec_verification_passes_total", "counter",
+                                 "Target forward passes that verified a draft proposal.", _REQ)
+TARGET_CALLS = MetricSpec("specdec_target_calls_total", "counter",
+                          "Target model calls (prefill, verification and plain decoding steps).", _REQ)
+DRAFT_CALLS = MetricSpec("specdec_draft_calls_total", "counter", "Draft model calls (one per proposal).", _REQ)
+ERRORS = MetricSpec("specdec_errors_total", "counter",
+                    "Errors by kind: invalid_argument, unsupported, capacity, sequence_state, model_call, "
+                    "internal; draft_failure counts draft calls that failed and degraded a request to plain "
+                    "decoding.", (*_REQ, ERROR_KIND))
+TTFT = MetricSpec("specdec_time_to_first_token_seconds", "histogram",
+                  "Time from request arrival at speculative_decoding to its first generated token.", _REQ,
+                  TTFT_BUCKETS)
+ITL = MetricSpec("specdec_inter_token_latency_seconds", "histogram",
+                 "Mean inter-token latency of a request: (last token time - first token time) / (tokens - 1); "
+                 "one observation per request with at least two tokens.", _REQ, ITL_BUCKETS)
+DURATION = MetricSpec("specdec_request_duration_seconds", "histogram",
+                      "Time from request arrival at speculative_decoding to its last response.", _REQ,
+                      DURATION_BUCKETS)
+ACCEPTANCE_RATE = MetricSpec("specdec_acceptance_rate", "gauge",
+                             f"Accepted / proposed draft tokens over the last {ACCEPTANCE_WINDOW_S:.0f} s of "
+                             "finished requests (alpha).", _GAUGE)
+MEAN_ACCEPTED_LENGTH = MetricSpec("specdec_mean_accepted_length", "gauge",
+                                  f"Tokens emitted per verification pass over the last {ACCEPTANCE_WINDOW_S:.0f} s "
+                                  "of finished requests: accepted draft tokens + the bonus token (tau).", _GAUGE)
+SPECULATION_LENGTH = MetricSpec("specdec_speculation_length", "gauge",
+                                "Draft tokens per step of the most recent request (0 = plain decoding).", _GAUGE)
+FALLBACK_ACTIVE = MetricSpec("specdec_fallback_active", "gauge",
+                             "1 when the most recent request fell back to plain decoding (low acceptance or a "
+                             "failing draft model), else 0.", _GAUGE)
+ACTIVE_REQUESTS = MetricSpec("specdec_active_requests", "gauge",
+                             "Requests being generated now (holding a KV slot).", _PROC)
+
+# ---- tier 3: resources (reported by every model process that wires them) ----
+KV_SLOTS_IN_USE = MetricSpec("specdec_kv_slots_in_use", "gauge", "KV-cache slots held by live sequences.", _PROC)
+KV_SLOTS = MetricSpec("specdec_kv_slots", "gauge", "KV-cache slots preallocated in the instance.", _PROC)
+KV_CACHE_BYTES = MetricSpec("specdec_kv_cache_bytes", "gauge", "Bytes of the preallocated KV cache.", _PROC)
+RESIDENT_MEMORY = MetricSpec("specdec_resident_memory_bytes", "gauge",
+                             "Resident set size (RSS) of the model instance's process.", _PROC)
+PROPORTIONAL_MEMORY = MetricSpec("specdec_proportional_memory_bytes", "gauge",
+                                 "Proportional set size (PSS) of the model instance's process: shared pages "
+                                 "split between the processes that map them (sums to the real total).", _PROC)
+
+ALL_METRICS = (
+    REQUESTS, OUTPUT_TOKENS, DRAFT_TOKENS, ACCEPTED_DRAFT_TOKENS, ACCEPTED_BY_POSITION, VERIFICATION_PASSES,
+    TARGET_CALLS, DRAFT_CALLS, ERRORS, TTFT, ITL, DURATION, ACCEPTANCE_RATE, MEAN_ACCEPTED_LENGTH,
+    SPECULATION_LENGTH, FALLBACK_ACTIVE, ACTIVE_REQUESTS, KV_SLOTS_IN_USE, KV_SLOTS, KV_CACHE_BYTES,
+    RESIDENT_MEMORY, PROPORTIONAL_MEMORY,
+)
+BY_NAME = {spec.name: spec for spec in ALL_METRICS}
+
+
+class MetricSink(Protocol):
+    """Where metric updates go (Triton's registry in production, a dict in tests)."""
+
+    def increment(self, spec: MetricSpec, labels: Mapping[str, str], value: float) -> None: ...
+
+    def set(self, spec: MetricSpec, labels: Mapping[str, str], value: float) -> None: ...
+
+    def observe(self, spec: MetricSpec, labels: Mapping[str, str], value: float) -> None: ...
+
+
+def _key(spec: MetricSpec, labels: Mapping[str, str]) -> tuple[str, tuple[tuple[str, str], ...]]:
+    if set(labels) != set(spec.labels):
+        raise ValueError(f"{spec.name} takes labels {spec.labels}, got {sorted(labels)}")
+    return spec.name, tuple(sorted(labels.items()))
+
+
+@dataclass
+class InMemorySink:
+    """A MetricSink that keeps values in dicts keyed by (name, sorted labels): for tests and tools."""
+
+    values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = field(default_factory=dict)
+    observations: dict[tuple[str, tuple[tuple[str, str], ...]], list[float]] = field(default_factory=dict)
+
+    def increment(self, spec: MetricSpec, labels: Mapping[str, str], value: float) -> None:
+        key = _key(spec, labels)
+        self.values[key] = self.values.get(key, 0.0) + value
+
+    def set(self, spec: MetricSpec, labels: Mapping[str, str], value: float) -> None:
+        self.values[_key(spec, labels)] = value
+
+    def observe(self, spec: MetricSpec, labels: Mapping[str, str], value: float) -> None:
+        self.observations.setdefault(_key(spec, labels), []).append(value)
+
+    def total(self, spec: MetricSpec, **match: str) -> float:
+        """Sum of the values of `spec` whose labels include `match`."""
+        return sum(v for (name, labels), v in self.values.items()
+                   if name == spec.name and set(match.items()) <= set(labels))
+
+    def observed(self, spec: MetricSpec, **match: str) -> list[float]:
+        return [x for (name, labels), xs in self.observations.items()
+                if name == spec.name and set(match.items()) <= set(labels) for x in xs]
+
+
+def error_kind(exc: BaseException) -> str:
+    """The `kind` label of an exception that failed a request."""
+    from specdec.generation import StepError  # generation imports nothing from here; avoid a cycle anyway
+
+    if isinstance(exc, UnsupportedError):
+        return "unsupported"
+    if isinstance(exc, InvalidRequestError):
+        return "invalid_argument"
+    if isinstance(exc, CapacityError):
+        return "capacity"
+    if isinstance(exc, SequenceStateError):
+        return "sequence_state"
+    if isinstance(exc, StepError):
+        return "model_call"
+    return "internal"
+
+
+def _stat(stats: Any, names: Iterable[str], default: Any) -> Any:
+    """First present attribute of `stats` among `names` (fields the speculation engine may add)."""
+    for name in names:
+        value = getattr(stats, name, None)
+        if value is not None:
+            return value
+    return default
+
+
+class AcceptanceWindow:
+    """Draft tokens proposed/accepted and verification passes of requests finished in the last `window_s`."""
+
+    def __init__(self, window_s: float = ACCEPTANCE_WINDOW_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window_s = window_s
+        self._clock = clock
+        self._events: collections.deque[tuple[float, int, int, int]] = collections.deque()
+        self._proposed = self._accepted = self._passes = 0
+
+    def add(self, proposed: int, accepted: int, passes: int) -> None:
+        self._expire()
+        self._events.append((self._clock(), proposed, accepted, passes))
+        self._proposed += proposed
+        self._accepted += accepted
+        self._passes += passes
+
+    def _expire(self) -> None:
+        horizon = self._clock() - self.window_s
+        while self._events and self._events[0][0] < horizon:
+            _, proposed, accepted, passes = self._events.popleft()
+            self._proposed -= proposed
+            self._accepted -= accepted
+            self._passes -= passes
+
+    @property
+    def acceptance_rate(self) -> float:
+        self._expire()
+        return self._accepted / self._proposed if self._proposed else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens per verification pass: accepted drafts plus the bonus token of each pass."""
+        self._expire()
+        return (self._accepted + self._passes) / self._passes if self._passes else 0.0
+
+
+@dataclass
+class RequestTimer:
+    """One request's task, statistics (its GenerationStats, once generating) and client-visible timings,
+    taken where the tokens leave the generator."""
+
+    task: str
+    started: float
+    stats: Any = None
+    first_token: float | None = None
+    last_token: float | None = None
+    clock: Callable[[], float] = time.perf_counter
+
+    def tokens(self, count: int) -> None:
+        """Call when `count` new tokens are ready to be sent."""
+        if count <= 0:
+            return
+        now = self.clock()
+        if self.first_token is None:
+            self.first_token = now
+        self.last_token = now
+
+
+class GenerationMetrics:
+    """Feeds the speculation metrics of one model instance from finished requests."""
+
+    def __init__(self, sink: MetricSink, model: str, instance: str,
+                 clock: Callable[[], float] = time.perf_counter,
+                 window_clock: Callable[[], float] = time.monotonic) -> None:
+        self.sink = sink
+        self.model = model
+        self.instance = instance
+        self.clock = clock
+        self._window_clock = window_clock
+        self._windows: dict[str, AcceptanceWindow] = {}
+        self._active = 0
+
+    def start(self, task: str) -> RequestTimer:
+        return RequestTimer(task=task, started=self.clock(), clock=self.clock)
+
+    def begin_generation(self) -> None:
+        self._active += 1
+        self.sink.set(ACTIVE_REQUESTS, {MODEL: self.model, INSTANCE: self.instance}, self._active)
+
+    def end_generation(self) -> None:
+        self._active -= 1
+        self.sink.set(ACTIVE_REQUESTS, {MODEL: self.model, INSTANCE: self.instance}, self._active)
+
+    def finish(self, timer: RequestTimer, outcome: str, num_draft_tokens: int,
+               error: BaseException | None = None) -> None:
+        """Record one request: its outcome, token counts, timings and (for speculation) the window gauges."""
+        now = self.clock()
+        stats = timer.stats
+        labels = {MODEL: self.model, TASK: timer.task}
+        sink = self.sink
+        sink.increment(REQUESTS, {**labels, OUTCOME: outcome}, 1)
+        if error is not None:
+            sink.increment(ERRORS, {**labels, ERROR_KIND: error_kind(error)}, 1)
+        sink.observe(DURATION, labels, now - timer.started)
+        if timer.first_token is not None:
+            sink.observe(TTFT, labels, timer.first_token - timer.started)
+        if stats is None:
+            return
+        tokens = int(stats.output_tokens)
+        if tokens > 1 and timer.first_token is not None and timer.last_token is not None:
+            sink.observe(ITL, labels, (timer.last_token - timer.first_token) / (tokens - 1))
+        for spec, value in ((OUTPUT_TOKENS, tokens), (DRAFT_TOKENS, stats.draft_tokens),
+                            (ACCEPTED_DRAFT_TOKENS, stats.accepted_draft_tokens),
+                            (VERIFICATION_PASSES, stats.verification_passes), (TARGET_CALLS, stats.target_calls),
+                            (DRAFT_CALLS, stats.draft_calls)):
+            if value:
+                sink.increment(spec, labels, value)
+        for position, accepted in enumerate(stats.accepted_per_position):
+            if accepted:
+                sink.increment(ACCEPTED_BY_POSITION, {**labels, POSITION: str(position)}, accepted)
+        if stats.draft_failures:
+            sink.increment(ERRORS, {**labels, ERROR_KIND: "draft_failure"}, stats.draft_failures)
+        gauge_labels = {**labels, INSTANCE: self.instance}
+        length = _stat(stats, ("speculation_length", "current_speculation_length"), num_draft_tokens)
+        fallback = _stat(stats, ("fallback_active", "fallback"), False) or stats.draft_failures > 0
+        sink.set(SPECULATION_LENGTH, gauge_labels, 0 if fallback else float(length))
+        sink.set(FALLBACK_ACTIVE, gauge_labels, 1.0 if fallback else 0.0)
+        if stats.draft_tokens:
+            window = self._windows.get(timer.task)
+            if window is None:
+                window = self._windows[timer.task] = AcceptanceWindow(clock=self._window_clock)
+            window.add(stats.draft_tokens, stats.accepted_draft_tokens, stats.verification_passes)
+            sink.set(ACCEPTANCE_RATE, gauge_labels, window.acceptance_rate)
+            sink.set(MEAN_ACCEPTED_LENGTH, gauge_labels, window.mean_accepted_length)
+
+
+def process_memory() -> tuple[int, int | None]:
+    """(RSS, PSS) of this process in bytes; PSS is None where /proc/self/smaps_rollup is missing."""
+    rss = pss = None
+    try:
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # peak: the best portable figure
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    pss = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pss = None
+    return rss, pss
+
+
+class ProcessMetrics:
+    """Memory and KV-slot gauges of one model instance process; cheap to call on every execute()."""
+
+    def __init__(self, sink: MetricSink, model: str, instance: str, num_slots: int | None = None,
+                 kv_cache_bytes: int | None = None, clock: Callable[[], float] = time.monotonic,
+                 interval_s: float = MEMORY_UPDATE_INTERVAL_S) -> None:
+        self.sink = sink
+        self.labels = {MODEL: model, INSTANCE: instance}
+        self.clock = clock
+        self.interval_s = interval_s
+        self._next_memory = 0.0
+        self._slots_in_use: int | None = None
+        if num_slots is not None:
+            sink.set(KV_SLOTS, self.labels, num_slots)
+        if kv_cache_bytes is not None:
+            sink.set(KV_CACHE_BYTES, self.labels, kv_cache_bytes)
+        self.update()
+
+    def update(self, slots_in_use: int | None = None) -> None:
+        """Set the slot gauge when it changed and the memory gauges when the interval has passed."""
+        if slots_in_use is not None and slots_in_use != self._slots_in_use:
+            self._slots_in_use = slots_in_use
+            self.sink.set(KV_SLOTS_IN_USE, self.labels, slots_in_use)
+        now = self.clock()
+        if now >= self._next_memory:
+            self._next_memory = now + self.interval_s
+            rss, pss = process_memory()
+            self.sink.set(RESIDENT_MEMORY, self.labels, rss)
+            if pss is not None:
+                self.sink.set(PROPORTIONAL_MEMORY, self.labels, pss)
