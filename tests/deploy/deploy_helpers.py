@@ -259,3 +259,134 @@ def make_whoami_repository(root: Path) -> Path:
     (root / "whoami" / "config.pbtxt").write_text(WHOAMI_CONFIG)
     (root / "whoami" / "1" / "model.py").write_text(WHOAMI_MODEL)
     return root
+
+
+SHM_DIR = Path("/dev/shm")
+
+
+def mapped_shm_regions(pid: int) -> set[str]:
+    """The Python-backend shared-memory regions a tritonserver process has mapped (its own, no one else's)."""
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return set()
+    return set(re.findall(r"/dev/shm/(triton_python_backend_shm_region_\S+)", maps))
+
+
+def remove_shm_regions(names: set[str]) -> None:
+    for name in names:
+        with contextlib.suppress(FileNotFoundError):
+            (SHM_DIR / name).unlink()
+
+
+@dataclass
+class EntrypointReplica:
+    """docker/entrypoint.sh run as a container would run it, minus the container: the CPU image's layout is
+    mimicked with SPECDEC_HOME=<this checkout> and TRITONSERVER=docker/tritonserver-cpu.sh, and this venv's
+    python3 first on PATH. Bound to 127.0.0.1 on the given ports."""
+
+    workdir: Path
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    model_repository: Path = REPO_ROOT / "model_repository"
+    deployment: Path | None = REPO_ROOT / "build" / "deployments" / "cpu.yaml"  # None: serve the repository as is
+    extra_env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen | None = None
+
+    @property
+    def run_repository(self) -> Path:
+        return self.workdir / "model_repository"
+
+    @property
+    def log_file(self) -> Path:
+        return self.workdir / "server.log"
+
+    def environment(self) -> dict[str, str]:
+        import sys
+
+        env = dict(os.environ)
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+        env.update(
+            SPECDEC_HOME=str(REPO_ROOT),
+            SPECDEC_MODEL_REPOSITORY=str(self.model_repository),
+            SPECDEC_DEPLOYMENT=str(self.deployment) if self.deployment else "",
+            SPECDEC_RUN_REPOSITORY=str(self.run_repository),
+            TRITONSERVER=str(REPO_ROOT / "docker" / "tritonserver-cpu.sh"),
+            HTTP_PORT=str(self.http_port),
+            GRPC_PORT=str(self.grpc_port),
+            METRICS_PORT=str(self.metrics_port),
+            SPECDEC_EXIT_TIMEOUT_S="20",
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            TOKENIZERS_PARALLELISM="false",
+        )
+        env.update(self.extra_env)
+        return env
+
+    def command(self) -> list[str]:
+        loopback = ["--http-address=127.0.0.1", "--grpc-address=127.0.0.1", "--metrics-address=127.0.0.1"]
+        return ["bash", str(REPO_ROOT / "docker" / "entrypoint.sh"), *loopback]
+
+    def start(self, timeout_s: float = 240.0) -> EntrypointReplica:
+        import urllib.request
+
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_file, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command(), env=self.environment(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                tail = self.log_file.read_text()[-3000:]
+                raise RuntimeError(f"entrypoint exited with {self.process.returncode} before READY:\n{tail}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/v2/health/ready", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.25)
+        self.stop()
+        raise TimeoutError(f"not READY after {timeout_s:.0f} s")
+
+    def terminate(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM (what Kubernetes and `docker stop` send); the exit code."""
+        assert self.process is not None
+        regions = mapped_shm_regions(self.process.pid)
+        self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(timeout=timeout_s)
+        remove_shm_regions(regions)
+        return code
+
+    def kill(self) -> None:
+        """A crash: SIGKILL to the server and all its model processes."""
+        assert self.process is not None
+        regions = mapped_shm_regions(self.process.pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+        remove_shm_regions(regions)
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def stop(self) -> None:
+        proc = self.process
+        if proc is None:
+            return
+        regions = mapped_shm_regions(proc.pid)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        remove_shm_regions(regions)
+        self.process = None

@@ -1,4 +1,5 @@
-"""Real load balancing on one machine: two tritonservers on loopback behind nginx (HTTP and gRPC).
+"""Real load balancing on one machine: two tritonservers on loopback behind nginx (HTTP and gRPC), each
+started by docker/entrypoint.sh as the images start it.
 
 Traffic goes through nginx while one replica is stopped mid-run, either gracefully (SIGTERM: tritonserver
 drains the requests it holds and drops new connections, which nginx retries on the other replica) or by a
@@ -12,10 +13,7 @@ response names its replica; nginx's access log (request id, upstream address) te
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import threading
 import time
 import urllib.error
@@ -27,7 +25,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from deploy_helpers import NginxLB, make_whoami_repository, nginx_binary
+from deploy_helpers import EntrypointReplica, NginxLB, make_whoami_repository, nginx_binary
+from specdec_client.server import free_port
 
 pytestmark = [
     pytest.mark.integration,
@@ -36,18 +35,21 @@ pytestmark = [
 ]
 
 SHORT_MS = 100  # most requests
-LONG_MS = 6000  # longer than nginx's *_next_upstream_timeout (5 s): never re-run elsewhere
+LONG_MS = 8000  # still in flight when the victim goes
+# nginx re-runs a request whose replica died only within *_next_upstream_timeout (5 s) of the request's start
+# (and HTTP only: a gRPC request body is streamed, not buffered). Before the crash, the long requests get
+# older than that, so those on the victim must fail with a clear error instead of running twice.
+RETRY_WINDOW_S = 5.0
 
 
-def _server_cls():
+def _require_tritonserver() -> None:
     try:
-        from specdec_client.server import TritonServer, free_port, pytriton_root
+        from specdec_client.server import pytriton_root
 
         if not (pytriton_root() / "bin" / "tritonserver").exists():
             raise RuntimeError("no tritonserver binary")
     except Exception as exc:  # noqa: BLE001 - any reason means: no server on this machine
         pytest.skip(f"tritonserver is not available: {exc}")
-    return TritonServer, free_port
 
 
 @dataclass
@@ -110,15 +112,18 @@ class GrpcCaller:
 
 @pytest.fixture
 def two_replicas_behind_nginx(tmp_path: Path):
-    TritonServer, free_port = _server_cls()
+    """Two replicas started the way the images start them (docker/entrypoint.sh), nginx in front."""
+    _require_tritonserver()
     repo = make_whoami_repository(tmp_path / "repo")
     servers = [
-        TritonServer(
+        EntrypointReplica(
+            workdir=tmp_path / f"replica{i}",
             model_repository=repo,
+            deployment=None,
             http_port=free_port(),
             grpc_port=free_port(),
             metrics_port=free_port(),
-            log_file=tmp_path / f"replica{i}.log",
+            extra_env={"SPECDEC_EXIT_TIMEOUT_S": "20"},  # drain (up to LONG_MS) + unload (about 5 s)
         )
         for i in range(2)
     ]
@@ -144,13 +149,6 @@ def two_replicas_behind_nginx(tmp_path: Path):
         lb.cleanup()
 
 
-def _kill_hard(server) -> None:
-    """A crash: SIGKILL to tritonserver and every model process of its session, nothing drained."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(server.process.pid, signal.SIGKILL)
-    server.process.wait(timeout=30)
-
-
 def _summary(results: list[Result]) -> str:
     return "; ".join(f"{r.proto} +{r.delay_ms}ms {r.error or r.pid}" for r in results[:8])
 
@@ -161,7 +159,7 @@ def test_traffic_survives_losing_a_replica(two_replicas_behind_nginx, mode: str)
     sigterm: SIGTERM only, nginx not told; crash: SIGKILL of the replica and its model processes."""
     servers, lb = two_replicas_behind_nginx
     victim, survivor = servers
-    victim_pid, survivor_pid = victim.process.pid, survivor.process.pid
+    victim_pid, survivor_pid = victim.pid, survivor.pid
     http_url, grpc_url = f"127.0.0.1:{lb.http_port}", f"127.0.0.1:{lb.grpc_port}"
 
     results: list[Result] = []
@@ -188,16 +186,16 @@ def test_traffic_survives_losing_a_replica(two_replicas_behind_nginx, mode: str)
         # Long requests, in flight when the victim goes away: with round-robin, some land on each replica.
         long_futures = [long_pool.submit(http_infer, http_url, LONG_MS) for _ in range(2)]
         long_futures += [long_pool.submit(grpc_callers[2], LONG_MS) for _ in range(2)]
-        time.sleep(1.0)
+        time.sleep(RETRY_WINDOW_S + 0.5 if mode == "crash" else 1.0)
 
         stop_began = time.monotonic()
         if mode == "drain":
             lb.set_backends([survivor.http_port], [survivor.grpc_port])
-            victim.stop()  # SIGTERM: tritonserver finishes what it holds, then exits
+            assert victim.terminate() == 0  # SIGTERM: tritonserver finishes what it holds, then exits
         elif mode == "sigterm":
-            victim.stop()
+            assert victim.terminate() == 0
         else:
-            _kill_hard(victim)
+            victim.kill()
         stopped = time.monotonic()
         time.sleep(3.0)
         stop_traffic.set()
@@ -262,5 +260,5 @@ def test_traffic_survives_losing_a_replica(two_replicas_behind_nginx, mode: str)
         for r in failures:
             assert "has no available versions" in r.error, r
     else:
-        # A long request on the crashed replica ran past the retry window: it fails, it is never re-run.
+        # A long request on the crashed replica was older than the retry window: it fails, it is not re-run.
         assert all(r.error is not None for r in long_on_victim), _summary(long_on_victim)
