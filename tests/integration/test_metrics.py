@@ -1,0 +1,98 @@
+"""/metrics after known traffic: the specdec_* figures agree with what the responses reported."""
+
+from __future__ import annotations
+
+import pytest
+from specdec.metrics import (
+    ACCEPTANCE_RATE,
+    ACCEPTED_BY_POSITION,
+    ACCEPTED_DRAFT_TOKENS,
+    ACTIVE_REQUESTS,
+    DRAFT_TOKENS,
+    ERRORS,
+    ITL,
+    KV_CACHE_BYTES,
+    KV_SLOTS,
+    KV_SLOTS_IN_USE,
+    MEAN_ACCEPTED_LENGTH,
+    OUTPUT_TOKENS,
+    PROPORTIONAL_MEMORY,
+    REQUESTS,
+    RESIDENT_MEMORY,
+    SPECULATION_LENGTH,
+    TTFT,
+    VERIFICATION_PASSES,
+)
+from specdec_client.api import GenerationError, generate_grpc, generate_http
+from specdec_client.scrape import scrape, wait_for
+
+pytestmark = pytest.mark.integration
+MODEL = "speculative_decoding"
+K = 4
+
+
+def test_metrics_agree_with_the_responses(server, all_prompts):
+    json_prompts = [p for d, p in all_prompts if d == "json"][:3]
+    code_prompts = [p for d, p in all_prompts if d == "code"][:2]
+    before = scrape(server.metrics_url)
+
+    spec = [generate_grpc(server.grpc_url, {"text_input": p, "max_tokens": 24, "num_draft_tokens": K,
+                                            "task": "json", "stream": True}) for p in json_prompts]
+    plain = [generate_http(server.http_url, {"text_input": p, "max_tokens": 16, "num_draft_tokens": 0,
+                                             "task": "code"}) for p in code_prompts]
+    with pytest.raises(GenerationError, match="beam_width"):
+        generate_grpc(server.grpc_url, {"text_input": "x", "max_tokens": 4, "beam_width": 2, "task": "text"})
+
+    def settled(now) -> bool:
+        return (now - before).total(REQUESTS.name, model=MODEL) >= len(spec) + len(plain) + 1
+
+    after = wait_for(server.metrics_url, settled)
+    delta = after - before
+    json_, code = {"model": MODEL, "task": "json"}, {"model": MODEL, "task": "code"}
+
+    assert delta.total(REQUESTS.name, **json_) == len(spec)
+    assert delta.total(REQUESTS.name, **code, outcome="length") == len(plain)
+    assert delta.total(REQUESTS.name, model=MODEL, outcome="error", task="unknown") == 1
+    assert delta.total(ERRORS.name, model=MODEL, kind="unsupported") == 1
+
+    accepted = sum(r.stats["total_accepted_draft_tokens"] for r in spec)
+    proposed = sum(r.stats["total_draft_tokens"] for r in spec)
+    assert proposed > 0
+    assert delta.total(OUTPUT_TOKENS.name, **json_) == sum(r.num_output_tokens for r in spec)
+    assert delta.total(OUTPUT_TOKENS.name, **code) == sum(r.num_output_tokens for r in plain) == 16 * len(plain)
+    assert delta.total(DRAFT_TOKENS.name, **json_) == proposed
+    assert delta.total(ACCEPTED_DRAFT_TOKENS.name, **json_) == accepted
+    assert delta.total(ACCEPTED_BY_POSITION.name, **json_) == accepted
+    assert {labels["position"] for labels, v in delta.values(ACCEPTED_BY_POSITION.name, **json_) if v} <= {
+        str(i) for i in range(K)}
+    assert delta.total(DRAFT_TOKENS.name, **code) == 0 and delta.total(VERIFICATION_PASSES.name, **code) == 0
+    passes = delta.total(VERIFICATION_PASSES.name, **json_)
+    assert passes > 0
+
+    # The windowed gauges see exactly this test's json requests (no other test sends task=json).
+    assert after.total(ACCEPTANCE_RATE.name, **json_) == pytest.approx(accepted / proposed)
+    assert after.total(MEAN_ACCEPTED_LENGTH.name, **json_) == pytest.approx((accepted + passes) / passes)
+    assert 1 <= after.total(SPECULATION_LENGTH.name, **json_) <= K  # the latest step's k (shorter near the end)
+    assert after.total(SPECULATION_LENGTH.name, **code) == 0
+
+    # Histograms: one observation per request; TTFT no later than the client saw the first text.
+    for labels, requests in ((json_, spec), (code, plain)):
+        assert delta.total(TTFT.name + "_count", **labels) == len(requests)
+        assert delta.total(ITL.name + "_count", **labels) == len(requests)
+        assert delta.total(TTFT.name + "_bucket", **labels, le="+Inf") == len(requests)
+    assert 0 < delta.total(TTFT.name + "_sum", **json_) <= sum(r.time_to_first_token_s for r in spec)
+
+    # Resources: every model process reports memory; slots are all free again; nothing is in flight.
+    for model in ("target_model", "draft_model", MODEL):
+        assert after.total(RESIDENT_MEMORY.name, model=model) > 20 << 20, model
+        assert 0 < after.total(PROPORTIONAL_MEMORY.name, model=model) <= after.total(RESIDENT_MEMORY.name, model=model)
+    for model in ("target_model", "draft_model"):
+        assert after.total(KV_SLOTS.name, model=model) >= 1
+        assert after.total(KV_CACHE_BYTES.name, model=model) > 0
+        assert after.total(KV_SLOTS_IN_USE.name, model=model) == 0
+    assert after.total(ACTIVE_REQUESTS.name, model=MODEL) == 0
+
+    # Triton's own tier-1 families sit next to ours on the same port.
+    assert delta.total("nv_inference_request_success", model="ensemble") == len(spec) + len(plain)
+    # (2.51 counts one failed ensemble request twice, both with reason OTHER.)
+    assert delta.total("nv_inference_request_failure", model="ensemble") >= 1
