@@ -98,7 +98,8 @@ MEAN_ACCEPTED_LENGTH = MetricSpec("specdec_mean_accepted_length", "gauge",
                                   f"Tokens emitted per verification pass over the last {ACCEPTANCE_WINDOW_S:.0f} s "
                                   "of finished requests: accepted draft tokens + the bonus token (tau).", _GAUGE)
 SPECULATION_LENGTH = MetricSpec("specdec_speculation_length", "gauge",
-                                "Draft tokens per step of the most recent request (0 = plain decoding).", _GAUGE)
+                                "Mean draft tokens per verification pass of the most recent request: the speculation "
+                                "length in use, adaptive or fixed (0 = plain decoding).", _GAUGE)
 FALLBACK_ACTIVE = MetricSpec("specdec_fallback_active", "gauge",
                              "1 when the most recent request fell back to plain decoding (low acceptance or a "
                              "failing draft model), else 0.", _GAUGE)
@@ -114,12 +115,15 @@ RESIDENT_MEMORY = MetricSpec("specdec_resident_memory_bytes", "gauge",
 PROPORTIONAL_MEMORY = MetricSpec("specdec_proportional_memory_bytes", "gauge",
                                  "Proportional set size (PSS) of the model instance's process: shared pages "
                                  "split between the processes that map them (sums to the real total).", _PROC)
+UNIQUE_MEMORY = MetricSpec("specdec_unique_memory_bytes", "gauge",
+                           "Unique set size (USS: private pages) of the model instance's process: what unloading "
+                           "it would free, e.g. the memory cost of loading the draft model.", _PROC)
 
 ALL_METRICS = (
     REQUESTS, OUTPUT_TOKENS, DRAFT_TOKENS, ACCEPTED_DRAFT_TOKENS, ACCEPTED_BY_POSITION, VERIFICATION_PASSES,
     TARGET_CALLS, DRAFT_CALLS, ERRORS, TTFT, ITL, DURATION, ACCEPTANCE_RATE, MEAN_ACCEPTED_LENGTH,
     SPECULATION_LENGTH, FALLBACK_ACTIVE, ACTIVE_REQUESTS, KV_SLOTS_IN_USE, KV_SLOTS, KV_CACHE_BYTES,
-    RESIDENT_MEMORY, PROPORTIONAL_MEMORY,
+    RESIDENT_MEMORY, PROPORTIONAL_MEMORY, UNIQUE_MEMORY,
 )
 BY_NAME = {spec.name: spec for spec in ALL_METRICS}
 
@@ -276,8 +280,7 @@ class GenerationMetrics:
         self._active -= 1
         self.sink.set(ACTIVE_REQUESTS, {MODEL: self.model, INSTANCE: self.instance}, self._active)
 
-    def finish(self, timer: RequestTimer, outcome: str, num_draft_tokens: int,
-               error: BaseException | None = None) -> None:
+    def finish(self, timer: RequestTimer, outcome: str, error: BaseException | None = None) -> None:
         """Record one request: its outcome, token counts, timings and (for speculation) the window gauges."""
         now = self.clock()
         stats = timer.stats
@@ -306,9 +309,10 @@ class GenerationMetrics:
         if stats.draft_failures:
             sink.increment(ERRORS, {**labels, ERROR_KIND: "draft_failure"}, stats.draft_failures)
         gauge_labels = {**labels, INSTANCE: self.instance}
-        length = _stat(stats, ("speculation_length", "current_speculation_length"), num_draft_tokens)
-        fallback = _stat(stats, ("fallback_active", "fallback"), False) or stats.draft_failures > 0
-        sink.set(SPECULATION_LENGTH, gauge_labels, 0 if fallback else float(length))
+        # Mean k rather than the last step's k, which is cut short near max_tokens.
+        length = stats.draft_tokens / stats.verification_passes if stats.verification_passes else 0.0
+        fallback = bool(_stat(stats, ("fallback_active",), False)) or stats.draft_failures > 0
+        sink.set(SPECULATION_LENGTH, gauge_labels, length)
         sink.set(FALLBACK_ACTIVE, gauge_labels, 1.0 if fallback else 0.0)
         if stats.draft_tokens:
             window = self._windows.get(timer.task)
@@ -319,9 +323,17 @@ class GenerationMetrics:
             sink.set(MEAN_ACCEPTED_LENGTH, gauge_labels, window.mean_accepted_length)
 
 
-def process_memory() -> tuple[int, int | None]:
-    """(RSS, PSS) of this process in bytes; PSS is None where /proc/self/smaps_rollup is missing."""
-    rss = pss = None
+@dataclass
+class ProcessMemory:
+    rss: int
+    pss: int | None = None  # None where /proc/self/smaps_rollup is missing
+    uss: int | None = None
+
+
+def process_memory() -> ProcessMemory:
+    """RSS, PSS and USS of this process in bytes (one read of /proc/self/statm and smaps_rollup)."""
+    rss = 0
+    pss = uss = None
     try:
         with open("/proc/self/statm") as f:
             rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -331,13 +343,13 @@ def process_memory() -> tuple[int, int | None]:
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # peak: the best portable figure
     try:
         with open("/proc/self/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    pss = int(line.split()[1]) * 1024
-                    break
+            fields = {parts[0]: int(parts[1]) * 1024 for parts in (line.split() for line in f)
+                      if len(parts) == 3 and parts[2] == "kB"}
+        pss = fields.get("Pss:")
+        uss = fields.get("Private_Clean:", 0) + fields.get("Private_Dirty:", 0)
     except (OSError, ValueError, IndexError):
-        pss = None
-    return rss, pss
+        pss = uss = None
+    return ProcessMemory(rss, pss, uss)
 
 
 class ProcessMetrics:
@@ -366,7 +378,9 @@ class ProcessMetrics:
         now = self.clock()
         if now >= self._next_memory:
             self._next_memory = now + self.interval_s
-            rss, pss = process_memory()
-            self.sink.set(RESIDENT_MEMORY, self.labels, rss)
-            if pss is not None:
-                self.sink.set(PROPORTIONAL_MEMORY, self.labels, pss)
+            memory = process_memory()
+            self.sink.set(RESIDENT_MEMORY, self.labels, memory.rss)
+            if memory.pss is not None:
+                self.sink.set(PROPORTIONAL_MEMORY, self.labels, memory.pss)
+            if memory.uss is not None:
+                self.sink.set(UNIQUE_MEMORY, self.labels, memory.uss)

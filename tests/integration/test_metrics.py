@@ -21,6 +21,7 @@ from specdec.metrics import (
     RESIDENT_MEMORY,
     SPECULATION_LENGTH,
     TTFT,
+    UNIQUE_MEMORY,
     VERIFICATION_PASSES,
 )
 from specdec_client.api import GenerationError, generate_grpc, generate_http
@@ -85,7 +86,8 @@ def test_metrics_agree_with_the_responses(server, all_prompts):
     # Resources: every model process reports memory; slots are all free again; nothing is in flight.
     for model in ("target_model", "draft_model", MODEL):
         assert after.total(RESIDENT_MEMORY.name, model=model) > 20 << 20, model
-        assert 0 < after.total(PROPORTIONAL_MEMORY.name, model=model) <= after.total(RESIDENT_MEMORY.name, model=model)
+        assert 0 < after.total(UNIQUE_MEMORY.name, model=model) <= after.total(PROPORTIONAL_MEMORY.name, model=model)
+        assert after.total(PROPORTIONAL_MEMORY.name, model=model) <= after.total(RESIDENT_MEMORY.name, model=model)
     for model in ("target_model", "draft_model"):
         assert after.total(KV_SLOTS.name, model=model) >= 1
         assert after.total(KV_CACHE_BYTES.name, model=model) > 0

@@ -88,10 +88,10 @@ class TritonPythonModel:
                                                   options.exclude_input_in_output, timer)
                 finally:
                     self.metrics.end_generation()
-            self.metrics.finish(timer, reason or "cancelled", generation.num_draft_tokens)
+            self.metrics.finish(timer, reason or "cancelled")
             self.process_metrics.update()
         except Exception as exc:
-            self.metrics.finish(timer, "error", 0, error=exc)
+            self.metrics.finish(timer, "error", error=exc)
             if not isinstance(exc, InvalidRequestError):
                 pb_utils.Logger.log_error(f"speculative_decoding: {type(exc).__name__}: {exc}")
             sender.send(error_response(exc), flags=FINAL)
