@@ -1,0 +1,167 @@
+"""Extract the benchmark's held-out prompts from the training corpora's validation split.
+
+The corpora (data/corpora/<domain>/valid.jsonl, made by build/corpora.py) are git-ignored; this script
+turns them into committed inputs, deterministically:
+
+- `client/specdec_client/prompts/bench.json`: prompts per scenario (json, code, prose) for `bench`;
+- `client/perf/<scenario>.json`: perf_analyzer `--input-data` files against `ensemble` (streaming);
+- `client/perf/genai_perf_<scenario>.jsonl`: genai-perf `--input-file` prompts.
+
+A prompt is the opening of one held-out document (never one the models were trained on), cut at a natural
+boundary (a line end for code and JSON, a sentence end for prose) so the continuation is the rest of it.
+
+    python -m specdec_client.bench_prompts --corpora data/corpora
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+from pathlib import Path
+
+from specdec_client.server import REPO_ROOT
+
+# Scenario -> (corpus domain, server task, new tokens). The article's three scenarios.
+SCENARIOS: dict[str, tuple[str, str, int]] = {
+    "json": ("json", "json", 128),
+    "code": ("code", "code", 256),
+    "prose": ("prose", "text", 512),
+}
+PROMPTS_FILE = REPO_ROOT / "client" / "specdec_client" / "prompts" / "bench.json"
+PERF_DIR = REPO_ROOT / "client" / "perf"
+PROMPTS_PER_SCENARIO = 16
+MIN_CHARS, MAX_CHARS = 120, 600
+MAX_PROMPT_TOKENS = 256  # prompt + 512 new tokens stay inside the 1024-token context
+
+_DEF = re.compile(r"^(?:async def|def|class) \w", re.M)
+_SENTENCE_END = re.compile(r"[.!?;:][\"”’)]?\s")
+
+
+def _rank(doc_id: str) -> str:
+    return hashlib.sha256(doc_id.encode()).hexdigest()
+
+
+def _group(doc: dict[str, str]) -> str:
+    """What prompts are spread over: the source, and for the stdlib its package (not five codec tables)."""
+    parts = doc["id"].split("/")
+    return f"{parts[0]}/{parts[1]}" if doc["source"] == "stdlib" and len(parts) > 2 else doc["source"]
+
+
+def _cut_lines(text: str, start: int = 0) -> str | None:
+    """From `start`, whole lines up to MAX_CHARS, at least MIN_CHARS; None if the document is too short."""
+    piece = text[start:start + MAX_CHARS]
+    end = piece.rfind("\n")
+    if end < MIN_CHARS or len(text) - start - end < 200:  # keep a continuation to generate
+        return None
+    return piece[:end + 1]
+
+
+def code_prompt(text: str) -> str | None:
+    """A function or class header with the lines that follow it (the body is what the model writes)."""
+    matches = list(_DEF.finditer(text))
+    for match in matches[len(matches) // 3:]:  # past the imports and constants at the top
+        prompt = _cut_lines(text, match.start())
+        if prompt is not None:
+            return prompt
+    return None
+
+
+def json_prompt(text: str) -> str | None:
+    return _cut_lines(text) if "\n" in text[:MAX_CHARS] else _cut_chars(text, ",")
+
+
+def _cut_chars(text: str, separator: str) -> str | None:
+    piece = text[:MAX_CHARS]
+    end = piece.rfind(separator)
+    if end < MIN_CHARS or len(text) - end < 200:
+        return None
+    return piece[:end + 1]
+
+
+def prose_prompt(text: str) -> str | None:
+    """Whole sentences from the first paragraph that has enough of them."""
+    for paragraph_start in [0, *(m.end() for m in re.finditer(r"\n\s*\n", text))]:
+        piece = text[paragraph_start:paragraph_start + MAX_CHARS]
+        ends = [m.end() for m in _SENTENCE_END.finditer(piece)]
+        ends = [e for e in ends if e >= MIN_CHARS]
+        if ends and len(text) - paragraph_start - ends[-1] >= 200:
+            return piece[:ends[-1]].rstrip() + " "
+    return None
+
+
+CUTTERS = {"json": json_prompt, "code": code_prompt, "prose": prose_prompt}
+
+
+def extract(corpora: Path, per_scenario: int, count_tokens) -> dict[str, list[dict[str, str]]]:
+    out: dict[str, list[dict[str, str]]] = {}
+    for scenario, (domain, _, _) in SCENARIOS.items():
+        docs = [json.loads(line) for line in (corpora / domain / "valid.jsonl").open(encoding="utf-8")]
+        docs.sort(key=lambda d: _rank(d["id"]))
+        chosen: list[dict[str, str]] = []
+        groups: dict[str, int] = {}
+        quota = max(2, per_scenario // max(1, len({_group(d) for d in docs})))
+        for relaxed in (False, True):  # first spread over the sources, then fill up
+            for doc in docs:
+                if len(chosen) == per_scenario:
+                    break
+                taken = any(c["id"] == doc["id"] for c in chosen)
+                if taken or (not relaxed and groups.get(_group(doc), 0) >= quota):
+                    continue
+                prompt = CUTTERS[scenario](doc["text"])
+                if prompt is None or count_tokens(prompt) > MAX_PROMPT_TOKENS:
+                    continue
+                chosen.append({"id": doc["id"], "prompt": prompt})
+                groups[_group(doc)] = groups.get(_group(doc), 0) + 1
+        if len(chosen) < per_scenario:
+            raise SystemExit(f"{scenario}: only {len(chosen)} usable held-out documents")
+        out[scenario] = chosen
+    return out
+
+
+def perf_analyzer_data(prompts: list[str], max_tokens: int, task: str) -> dict:
+    """perf_analyzer --input-data: one entry per prompt, every input shaped [1] (batch 1 is added)."""
+    return {"data": [{
+        "text_input": {"content": [p], "shape": [1]},
+        "max_tokens": {"content": [max_tokens], "shape": [1]},
+        "stream": {"content": [True], "shape": [1]},
+        "task": {"content": [task], "shape": [1]},
+    } for p in prompts]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpora", type=Path, default=REPO_ROOT / "data" / "corpora")
+    parser.add_argument("--per-scenario", type=int, default=PROMPTS_PER_SCENARIO)
+    parser.add_argument("--tokenizer", type=Path, default=REPO_ROOT / "model_repository" / "target_model" / "1")
+    parser.add_argument("--out", type=Path, default=PROMPTS_FILE)
+    parser.add_argument("--perf-dir", type=Path, default=PERF_DIR)
+    args = parser.parse_args(argv)
+    from specdec.tokenizer import TextTokenizer
+
+    tokenizer = TextTokenizer(args.tokenizer)
+    prompts = extract(args.corpora, args.per_scenario, lambda text: len(tokenizer.encode(text)))
+    manifest = json.loads((args.corpora / "manifest.json").read_text())
+    document = {
+        "about": "Held-out benchmark prompts: openings of documents of the validation split of build/corpora.py "
+                 "(never trained on). Made by `python -m specdec_client.bench_prompts`.",
+        "corpora_valid_sha256": {d: manifest["domains"][d]["valid"]["sha256"] for d, _, _ in SCENARIOS.values()},
+        "scenarios": {name: {"task": task, "max_tokens": max_tokens, "prompts": prompts[name]}
+                      for name, (_, task, max_tokens) in SCENARIOS.items()},
+    }
+    args.out.write_text(json.dumps(document, indent=1, ensure_ascii=False) + "\n")
+    print(f"wrote {args.out}")
+    args.perf_dir.mkdir(parents=True, exist_ok=True)
+    for name, (_, task, max_tokens) in SCENARIOS.items():
+        texts = [p["prompt"] for p in prompts[name]]
+        path = args.perf_dir / f"{name}.json"
+        path.write_text(json.dumps(perf_analyzer_data(texts, max_tokens, task), indent=1, ensure_ascii=False) + "\n")
+        gpath = args.perf_dir / f"genai_perf_{name}.jsonl"
+        gpath.write_text("".join(json.dumps({"text_input": t}, ensure_ascii=False) + "\n" for t in texts))
+        print(f"wrote {path} and {gpath}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
