@@ -15,6 +15,7 @@ import numpy as np
 from specdec.errors import InvalidRequestError, SpecDecError
 from specdec.kv_cache import SlotEntry, SlotTable
 from specdec.runtime.base import DecoderRuntime, ForwardItem
+from specdec.sampling import SamplingParams, make_rng, probabilities, sample
 
 EMPTY_IDS = np.zeros(0, dtype=np.int64)
 
@@ -38,6 +39,8 @@ class StepRequest:
     commit_base: int = 0
     commit_rows: np.ndarray | None = None
     num_draft_tokens: int = 0
+    num_candidates: int = 1
+    sampling: SamplingParams = field(default_factory=SamplingParams)
     want_logits: bool = False
 
 
@@ -119,8 +122,51 @@ class TargetEngine(_Engine):
         return results
 
 
+def tree_draft_parents(num_candidates: int, depth: int) -> list[int]:
+    """Parents of a draft tree of `num_candidates` chains of `depth` nodes, listed depth-major:
+    node i sits at depth i // c + 1; its parent is node i - c (or the root for the first c nodes)."""
+    c = num_candidates
+    return [i - c if i >= c else -1 for i in range(c * depth)]
+
+
+@dataclass
+class _Growth:
+    """A draft tree (or chain) being grown for one request."""
+
+    index: int
+    entry: SlotEntry
+    request: StepRequest
+    base: int  # first row after the catch-up input
+    rng: np.random.Generator
+    tokens: list[int] = field(default_factory=list)
+    logits: list[np.ndarray] = field(default_factory=list)
+
+    @property
+    def width(self) -> int:
+        return self.request.num_candidates
+
+    @property
+    def depth(self) -> int:
+        return len(self.tokens) // self.width
+
+    def choose(self, logits: np.ndarray, count: int) -> list[int]:
+        """Next tokens from logits rows: the top `count` of one row, or one per row (greedy or sampled)."""
+        sampling = self.request.sampling
+        if count > 1:  # the first level of a tree: distinct top tokens, or independent draws from q
+            row = logits[-1]
+            if sampling.greedy:
+                return [int(t) for t in np.argsort(-row, kind="stable")[:count]]
+            q = probabilities(row, sampling)[0]
+            return [sample(q, self.rng) for _ in range(count)]
+        if sampling.greedy:
+            return [int(row.argmax()) for row in logits]
+        return [sample(q, self.rng) for q in probabilities(logits, sampling)]
+
+
 class DraftEngine(_Engine):
-    """Proposes `num_draft_tokens` greedy tokens per sequence in one call (looping inside)."""
+    """Proposes a chain (num_candidates = 1) or a tree of `num_candidates` chains of `num_draft_tokens`
+    tokens per sequence in one call, looping inside. Tree rows are scratch: the caller's next
+    `past_length` drops them, and the accepted tokens come back as catch-up input."""
 
     def step(self, requests: list[StepRequest]) -> list[StepResult]:
         try:
@@ -131,39 +177,53 @@ class DraftEngine(_Engine):
     def _step(self, requests: list[StepRequest]) -> list[StepResult]:
         self.slots.evict_idle()
         results = [StepResult() for _ in requests]
-        active: list[tuple[int, SlotEntry, int]] = []  # (request index, slot entry, next cache row)
-        first: list[ForwardItem] = []
+        growing: list[_Growth] = []
+        items: list[ForwardItem] = []
         for i, request in enumerate(requests):
             try:
-                k = request.num_draft_tokens
-                entry = self._prepare(request, extra_rows=max(k - 1, 0))
+                k, c = request.num_draft_tokens, request.num_candidates
                 if k < 0:
                     raise InvalidRequestError("num_draft_tokens", "must be >= 0")
+                if c < 1:
+                    raise InvalidRequestError("num_candidates", "must be >= 1")
+                entry = self._prepare(request, extra_rows=max(c * k - 1, 0))
                 if k and not len(request.input_ids):
                     raise InvalidRequestError("input_ids", "drafting needs at least one new token")
                 if k:
-                    first.append(ForwardItem(entry.slot, request.past_length, np.asarray(request.input_ids)))
-                    active.append((i, entry, request.past_length + len(request.input_ids)))
+                    base = request.past_length + len(request.input_ids)
+                    growing.append(_Growth(i, entry, request, base, make_rng(request.sampling.seed)))
+                    items.append(ForwardItem(entry.slot, request.past_length, np.asarray(request.input_ids)))
             except SpecDecError as exc:
                 results[i].error = exc
-        proposals: dict[int, list[int]] = {i: [] for i, _, _ in active}
-        kept_logits: dict[int, list[np.ndarray]] = {i: [] for i, _, _ in active}
-        items = first
-        while active:
+        while growing:
             outputs = self.runtime.forward(items)
-            next_active, next_items = [], []
-            for (i, entry, row), logits in zip(active, outputs, strict=True):
-                token = int(logits[-1].argmax())
-                proposals[i].append(token)
-                if requests[i].want_logits:
-                    kept_logits[i].append(logits[-1])
-                entry.written_length = row
-                if len(proposals[i]) < requests[i].num_draft_tokens:
-                    next_active.append((i, entry, row + 1))
-                    next_items.append(ForwardItem(entry.slot, row, np.array([token])))
-            active, items = next_active, next_items
-        for i, tokens in proposals.items():
-            results[i].token_ids = np.asarray(tokens, dtype=np.int64)
-            if requests[i].want_logits:
-                results[i].logits = np.stack(kept_logits[i])
+            next_growing, next_items = [], []
+            for growth, item, logits in zip(growing, items, outputs, strict=True):
+                growth.entry.written_length = item.end_row
+                first_level = not growth.tokens
+                count = growth.width if first_level else 1
+                new = growth.choose(logits, count)
+                growth.tokens.extend(new)
+                if growth.request.want_logits:
+                    growth.logits.extend([logits[-1]] * count if first_level else list(logits))
+                if growth.depth < growth.request.num_draft_tokens:
+                    next_growing.append(growth)
+                    next_items.append(self._extend(growth, new))
+                else:
+                    result = results[growth.index]
+                    result.token_ids = np.asarray(growth.tokens, dtype=np.int64)
+                    if growth.request.want_logits:
+                        result.logits = np.stack(growth.logits)
+            growing, items = next_growing, next_items
         return results
+
+    @staticmethod
+    def _extend(growth: _Growth, new: list[int]) -> ForwardItem:
+        """The forward that scores the newest level of a growing chain or tree."""
+        if growth.width == 1:
+            row = growth.base + growth.depth - 1
+            return ForwardItem(growth.entry.slot, row, np.array(new))
+        cached = len(growth.tokens) - growth.width
+        return ForwardItem(growth.entry.slot, growth.base, np.array(new), num_logits=len(new),
+                           tree_parents=np.array(tree_draft_parents(growth.width, growth.depth)),
+                           num_cached_nodes=cached)

@@ -1,26 +1,38 @@
 """The speculate -> verify -> accept loop, independent of any transport.
 
 `SpeculativeGenerator.generate` drives one sequence through a `ModelBackend` (BLS calls inside Triton, or
-in-process engines in tests) and yields the tokens each iteration adds. `num_draft_tokens == 0` is plain
-autoregressive decoding through the same target: the baseline and the fallback.
+in-process engines in tests) and yields the tokens each iteration adds. Speculation off (length 0, or the
+profile fallen back) is plain autoregressive decoding through the same target: the baseline and the
+fallback.
 
-Cache bookkeeping (rollback by length): `target_valid` / `draft_valid` count the leading tokens of `tokens`
-whose KV rows are valid in each model's slot; every call sends `tokens[valid:]` after `past_length=valid`.
+Cache bookkeeping (rollback by length): `target_valid` counts the leading tokens whose KV rows are valid
+in the target's slot; every call sends `tokens[target_valid:]` (normally just the last token) plus the
+proposal after `past_length=target_valid`. After a tree verification the accepted path's rows are made
+contiguous by a commit that rides on the next target call.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
-from specdec.acceptance import greedy_accept
+from specdec.acceptance import Verdict, greedy_verify, typical_verify
+from specdec.adaptive import AcceptanceEstimate, CostModel, choose_length
+from specdec.config import SpeculationSettings
+from specdec.drafting.base import Proposal
+from specdec.drafting.draft_model import DraftModelDrafter
+from specdec.drafting.ngram import NgramDrafter
 from specdec.engines import StepRequest, StepResult
 from specdec.errors import InvalidRequestError
+from specdec.fallback import FallbackMonitor
+from specdec.rejection_sampler import rejection_verify
+from specdec.sampling import SamplingParams, make_rng, probabilities, sample
 
 log = logging.getLogger(__name__)
 
@@ -36,20 +48,33 @@ class GenerationRequest:
     prompt_ids: list[int]
     max_tokens: int
     end_ids: frozenset[int] = frozenset()
-    num_draft_tokens: int = 0
+    num_draft_tokens: int = 0  # a fixed chain from the draft model, when `settings` is not given
     min_tokens: int = 0  # end tokens are ignored until this many tokens were generated
+    settings: SpeculationSettings | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+    def speculation(self) -> SpeculationSettings:
+        if self.settings is not None:
+            return self.settings
+        k = self.num_draft_tokens
+        return SpeculationSettings(task="text", drafter="model", min_length=k, max_length=k, num_candidates=1,
+                                   acceptance="greedy" if self.sampling.greedy else "rejection",
+                                   verify_threshold=0.7)
 
 
 @dataclass
 class GenerationStats:
     output_tokens: int = 0
-    draft_tokens: int = 0
+    draft_tokens: int = 0  # per verification, the proposal's depth (the most it could accept)
     accepted_draft_tokens: int = 0
     verification_passes: int = 0
     target_calls: int = 0
     draft_calls: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
     draft_failures: int = 0
+    speculation_length: int = 0  # the k of the latest iteration (0 = plain step)
+    fallback_active: bool = False
+    task: str = ""
 
     @property
     def acceptance_rate(self) -> float:
@@ -58,6 +83,15 @@ class GenerationStats:
     @property
     def tokens_per_pass(self) -> float:
         return self.output_tokens / self.target_calls if self.target_calls else 0.0
+
+    def record_verification(self, depth: int, accepted: int) -> None:
+        self.verification_passes += 1
+        self.draft_tokens += depth
+        self.accepted_draft_tokens += accepted
+        if len(self.accepted_per_position) < depth:
+            self.accepted_per_position.extend([0] * (depth - len(self.accepted_per_position)))
+        for position in range(accepted):
+            self.accepted_per_position[position] += 1
 
 
 @dataclass
@@ -77,10 +111,19 @@ def _checked(result: StepResult, model: str) -> StepResult:
     return result
 
 
+def _derived_seed(seed: int | None, iteration: int) -> int | None:
+    return None if seed is None else (seed * 1_000_003 + iteration) & 0x7FFFFFFFFFFFFFFF
+
+
 class SpeculativeGenerator:
-    def __init__(self, backend: ModelBackend, max_context_length: int) -> None:
+    def __init__(self, backend: ModelBackend, max_context_length: int, costs: CostModel | None = None,
+                 monitors: dict[str, FallbackMonitor] | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.backend = backend
         self.max_context_length = max_context_length
+        self.costs = costs or CostModel()
+        self.monitors = monitors or {}
+        self._clock = clock
 
     def validate(self, request: GenerationRequest) -> None:
         if not request.prompt_ids:
@@ -100,111 +143,182 @@ class SpeculativeGenerator:
         is_cancelled: Callable[[], bool] = lambda: False,
     ) -> AsyncIterator[GenerationUpdate]:
         self.validate(request)
-        stats = stats if stats is not None else GenerationStats()
-        tokens = list(request.prompt_ids)
-        prompt_len = len(tokens)
-        target_valid = draft_valid = 0
-        draft_started = False
-        speculate = request.num_draft_tokens > 0
+        run = _Run(self, request, sequence_id, stats if stats is not None else GenerationStats())
         try:
-            result = _checked(
-                await self.backend.target_step(
-                    StepRequest(sequence_id, past_length=0, input_ids=np.asarray(tokens), start=True)
-                ),
-                "target_model",
-            )
-            stats.target_calls += 1
-            target_valid = len(tokens)
-            new = [int(result.token_ids[-1])]
-            while True:
-                update = self._emit(tokens, new, prompt_len, request, stats)
-                if update.finished or is_cancelled():
-                    if not update.finished:
-                        update.finished, update.finish_reason = True, "cancelled"
-                    yield update
-                    return
+            async for update in run.loop(is_cancelled):
                 yield update
-                remaining = request.max_tokens - (len(tokens) - prompt_len)
-                room = self.max_context_length - len(tokens)
-                k = min(request.num_draft_tokens, remaining - 1, room) if speculate else 0
-                drafts: list[int] = []
-                if k > 0:
-                    try:
-                        draft = _checked(
-                            await self.backend.draft_step(
-                                StepRequest(
-                                    sequence_id, past_length=draft_valid,
-                                    input_ids=np.asarray(tokens[draft_valid:]), start=not draft_started,
-                                    num_draft_tokens=k,
-                                )
-                            ),
-                            "draft_model",
-                        )
-                        draft_started = True
-                        stats.draft_calls += 1
-                        drafts = [int(t) for t in draft.token_ids[:k]]
-                    except Exception as exc:  # a failing draft degrades to plain decoding, never to an error
-                        log.warning("draft_model failed (%s); sequence %d continues without speculation",
-                                    exc, sequence_id)
-                        stats.draft_failures += 1
-                        speculate = False
-                        drafts = []
-                result = _checked(
-                    await self.backend.target_step(
-                        StepRequest(
-                            sequence_id, past_length=target_valid,
-                            input_ids=np.asarray(tokens[target_valid:] + drafts), num_logits=len(drafts) + 1,
-                        )
-                    ),
-                    "target_model",
-                )
-                stats.target_calls += 1
-                if drafts:
-                    accepted, bonus = greedy_accept(drafts, result.token_ids)
-                    stats.verification_passes += 1
-                    stats.draft_tokens += len(drafts)
-                    stats.accepted_draft_tokens += accepted
-                    if len(stats.accepted_per_position) < len(drafts):
-                        stats.accepted_per_position.extend([0] * (len(drafts) - len(stats.accepted_per_position)))
-                    for position in range(accepted):
-                        stats.accepted_per_position[position] += 1
-                    # Draft rows hold tokens + drafts[:-1]; those agreeing with the new sequence stay valid.
-                    draft_valid = len(tokens) + min(accepted, len(drafts) - 1)
-                    target_valid = len(tokens) + accepted
-                    new = drafts[:accepted] + [bonus]
-                else:
-                    target_valid = len(tokens)
-                    new = [int(result.token_ids[-1])]
         finally:
-            await self._release(sequence_id, draft_started)
+            await run.release()
 
-    def _emit(self, tokens: list[int], new: list[int], prompt_len: int, request: GenerationRequest,
-              stats: GenerationStats) -> GenerationUpdate:
-        """Append `new` to `tokens`, cut at an end token or max_tokens, and report what was added."""
-        room = request.max_tokens - (len(tokens) - prompt_len)
+
+class _Run:
+    """One sequence's generation state."""
+
+    def __init__(self, gen: SpeculativeGenerator, request: GenerationRequest, sequence_id: int,
+                 stats: GenerationStats) -> None:
+        self.gen = gen
+        self.backend = gen.backend
+        self.request = request
+        self.sequence_id = sequence_id
+        self.stats = stats
+        self.settings = request.speculation()
+        stats.task = self.settings.task
+        self.sampling = request.sampling
+        self.rng = make_rng(self.sampling.seed, 0)
+        self.need_target_logits = not self.sampling.greedy or self.settings.acceptance != "greedy"
+        self.estimate = AcceptanceEstimate()
+        self.monitor = gen.monitors.get(self.settings.task)
+        self.speculate = self.settings.enabled
+        self.model_drafter = DraftModelDrafter(self.backend, sequence_id) if self.settings.drafter == "model" else None
+        self.ngram_drafter = NgramDrafter() if self.settings.drafter == "ngram" else None
+        self.tokens = list(request.prompt_ids)
+        self.prompt_len = len(self.tokens)
+        self.target_valid = 0
+        self.pending_commit: tuple[int, list[int]] | None = None
+        self.iteration = 0
+
+    async def loop(self, is_cancelled: Callable[[], bool]) -> AsyncIterator[GenerationUpdate]:
+        result = await self._target(StepRequest(
+            self.sequence_id, past_length=0, input_ids=np.asarray(self.tokens), start=True,
+            want_logits=self.need_target_logits,
+        ), len(self.tokens))
+        self.target_valid = len(self.tokens)
+        new = [self._pick(result, -1)]
+        while True:
+            update = self._emit(new)
+            if not update.finished and is_cancelled():
+                update.finished, update.finish_reason = True, "cancelled"
+            yield update
+            if update.finished:
+                return
+            self.iteration += 1
+            new = await self._iterate()
+
+    async def _iterate(self) -> list[int]:
+        k = self._choose_length()
+        self.stats.speculation_length = k
+        proposal = await self._propose(k) if k > 0 else None
+        pending = self.tokens[self.target_valid:]
+        m = len(pending)
+        nodes = proposal.tokens if proposal else []
+        tree = proposal is not None and not proposal.is_chain
+        step = StepRequest(self.sequence_id, past_length=self.target_valid, input_ids=np.asarray(pending + nodes),
+                           num_logits=len(nodes) + 1, want_logits=self.need_target_logits)
+        if tree:
+            step.tree_parents = np.asarray(
+                [i - 1 for i in range(m)] + [m - 1 if p < 0 else p + m for p in proposal.parents]
+            )
+        if self.pending_commit is not None:
+            step.commit_base, rows = self.pending_commit
+            step.commit_rows = np.asarray(rows)
+            self.pending_commit = None
+        result = await self._target(step, m + len(nodes))
+        if proposal is None:
+            self.target_valid = len(self.tokens)
+            return [self._pick(result, -1)]
+        verdict = self._verify(proposal, result)
+        self.stats.record_verification(proposal.depth, verdict.accepted)
+        self.estimate.observe(verdict.accepted, proposal.depth)
+        if self.monitor is not None:
+            self.monitor.record(proposal.depth, verdict.accepted)
+        if tree:
+            rows = list(range(m)) + [m + node for node in verdict.path]
+            self.pending_commit = (self.target_valid, rows)
+        self.target_valid += m + verdict.accepted
+        if self.model_drafter is not None:
+            self.model_drafter.verified(verdict.accepted)
+        return [nodes[node] for node in verdict.path] + [verdict.next_token]
+
+    def _choose_length(self) -> int:
+        s = self.settings
+        if not self.speculate:
+            return 0
+        allowed = self.monitor.allow_speculation() if self.monitor is not None else True
+        self.stats.fallback_active = bool(self.monitor is not None and self.monitor.active)
+        if not allowed:
+            return 0
+        k = s.min_length
+        if s.adaptive:
+            k = choose_length(self.estimate.rate, s.min_length, s.max_length, s.num_candidates, self.gen.costs)
+        remaining = self.request.max_tokens - (len(self.tokens) - self.prompt_len)
+        room = self.gen.max_context_length - len(self.tokens) - 1
+        return max(min(k, remaining - 1, room // max(s.num_candidates, 1)), 0)
+
+    async def _propose(self, k: int) -> Proposal | None:
+        if self.ngram_drafter is not None:
+            return await self.ngram_drafter.propose(self.tokens, k)
+        assert self.model_drafter is not None
+        lossless_sampling = self.settings.acceptance == "rejection" and not self.sampling.greedy
+        draft_sampling = SamplingParams(
+            self.sampling.temperature, self.sampling.top_k, self.sampling.top_p,
+            _derived_seed(self.sampling.seed, self.iteration),
+        ) if lossless_sampling else SamplingParams()
+        started = self.gen._clock()
+        try:
+            proposal = await self.model_drafter.propose(self.tokens, k, self.settings.num_candidates,
+                                                        draft_sampling, want_probs=lossless_sampling)
+        except Exception as exc:  # a failing draft degrades to plain decoding, never to an error
+            log.warning("draft_model failed (%s); sequence %d continues without speculation", exc, self.sequence_id)
+            self.stats.draft_failures += 1
+            self.speculate = False
+            return None
+        self.stats.draft_calls += 1
+        self.gen.costs.draft.observe(k, self.gen._clock() - started)
+        return proposal
+
+    def _verify(self, proposal: Proposal, result: StepResult) -> Verdict:
+        mode = self.settings.acceptance
+        if mode == "greedy":
+            return greedy_verify(proposal.tokens, proposal.parents, result.token_ids[-(len(proposal.tokens) + 1):])
+        logits = result.logits[-(len(proposal.tokens) + 1):]
+        if mode == "typical":
+            return typical_verify(proposal.tokens, proposal.parents, logits, self.settings.verify_threshold,
+                                  self.sampling, self.rng)
+        return rejection_verify(proposal.tokens, proposal.parents, probabilities(logits, self.sampling),
+                                proposal.draft_probs, self.rng)
+
+    async def _target(self, step: StepRequest, scored: int) -> StepResult:
+        started = self.gen._clock()
+        result = _checked(await self.backend.target_step(step), "target_model")
+        self.stats.target_calls += 1
+        self.gen.costs.target.observe(scored, self.gen._clock() - started)
+        return result
+
+    def _pick(self, result: StepResult, row: int) -> int:
+        if not self.need_target_logits:
+            return int(result.token_ids[row])
+        logits = result.logits[row]
+        if self.sampling.greedy:
+            return int(np.argmax(logits))
+        return sample(probabilities(logits, self.sampling)[0], self.rng)
+
+    def _emit(self, new: list[int]) -> GenerationUpdate:
+        """Append `new` to the tokens, cut at an end token or max_tokens, and report what was added."""
+        request = self.request
+        generated = len(self.tokens) - self.prompt_len
         kept: list[int] = []
         reason = None
-        generated = len(tokens) - prompt_len
-        for token in new[:room]:
+        for token in new[: request.max_tokens - generated]:
             if token in request.end_ids and generated + len(kept) >= request.min_tokens:
                 reason = "stop"
                 break
             kept.append(token)
-        tokens.extend(kept)
-        stats.output_tokens += len(kept)
-        if reason is None and len(tokens) - prompt_len >= request.max_tokens:
+        self.tokens.extend(kept)
+        self.stats.output_tokens += len(kept)
+        if reason is None and len(self.tokens) - self.prompt_len >= request.max_tokens:
             reason = "length"
-        if reason is None and len(tokens) >= self.max_context_length:
+        if reason is None and len(self.tokens) >= self.gen.max_context_length:
             reason = "context"
         return GenerationUpdate(kept, finished=reason is not None, finish_reason=reason)
 
-    async def _release(self, sequence_id: int, draft_started: bool) -> None:
+    async def release(self) -> None:
         """END both sequences so their KV slots are freed now, not at the idle timeout."""
-        calls = [self.backend.target_step(StepRequest(sequence_id, end=True))]
-        if draft_started:
-            calls.append(self.backend.draft_step(StepRequest(sequence_id, end=True)))
+        # The target's START may have taken a slot even when its call failed: always END it.
+        calls = [self.backend.target_step(StepRequest(self.sequence_id, end=True))]
+        if self.model_drafter is not None and self.model_drafter.started:
+            calls.append(self.model_drafter.release())
         for outcome in await asyncio.gather(*calls, return_exceptions=True):
             if isinstance(outcome, BaseException):
-                log.warning("releasing sequence %d failed: %s", sequence_id, outcome)
-            elif outcome.error is not None:
-                log.warning("releasing sequence %d: %s", sequence_id, outcome.error)
+                log.warning("releasing sequence %d failed: %s", self.sequence_id, outcome)
+            elif isinstance(outcome, StepResult) and outcome.error is not None:
+                log.warning("releasing sequence %d: %s", self.sequence_id, outcome.error)

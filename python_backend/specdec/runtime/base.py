@@ -17,10 +17,12 @@ import numpy as np
 class ForwardItem:
     """One sequence's part of a batched forward.
 
-    The new tokens are written to cache rows `past_length .. past_length + len(input_ids) - 1`. With
-    `tree_parents` (index of each token's parent within `input_ids`, -1 for a child of the cached prefix;
-    parents come before children) the tokens form a tree: each attends to the prefix and to its ancestors,
-    at position `past_length + depth`. Without it they form a chain (causal).
+    Rows `0 .. past_length-1` are the prefix every new token sees. Without `tree_parents` the new tokens
+    form a chain after it (causal), written to rows `past_length ..`. With `tree_parents` they are nodes of
+    a tree hanging from the prefix: `tree_parents` lists the parent of every tree node (-1: child of the
+    prefix; parents before children); the first `num_cached_nodes` nodes were written by earlier calls at
+    rows `past_length ..`, the new tokens are the remaining nodes, written after them. Each node attends to
+    the prefix and its ancestors, at position `past_length + depth`.
     """
 
     slot: int
@@ -28,10 +30,20 @@ class ForwardItem:
     input_ids: np.ndarray
     num_logits: int = 1
     tree_parents: np.ndarray | None = None
+    num_cached_nodes: int = 0
 
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
+
+    @property
+    def first_row(self) -> int:
+        """Cache row of the first new token."""
+        return self.past_length + self.num_cached_nodes
+
+    @property
+    def end_row(self) -> int:
+        return self.first_row + self.num_tokens
 
 
 class DecoderRuntime(ABC):

@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from specdec.checkpoint import LlamaSpec, load_state_dict, read_spec
-from specdec.runtime.base import DecoderRuntime, ForwardItem, tree_ancestor_mask, tree_depths
+from specdec.runtime.base import DecoderRuntime, ForwardItem
+from specdec.runtime.layout import plan_batch
 
 
 class LlamaWeights:
@@ -92,39 +93,16 @@ class TorchLlamaRuntime(DecoderRuntime):
 
     def _layout(self, items: list[ForwardItem]):
         """Padded token ids, RoPE positions, cache rows to write and the attention mask of a batch."""
-        batch = len(items)
-        width = max(item.num_tokens for item in items)
-        total = max(item.past_length + item.num_tokens for item in items)
-        if total > self.max_length:
-            raise ValueError(f"sequence would reach {total} tokens, past the cache length {self.max_length}")
-        ids = np.zeros((batch, width), dtype=np.int64)
-        positions = np.zeros((batch, width), dtype=np.int64)
-        mask = np.zeros((batch, width, total), dtype=bool)
-        mask[:, :, 0] = True  # padding rows attend somewhere; their outputs are discarded
-        write_slot, write_row, write_src = [], [], []
-        for b, item in enumerate(items):
-            n, past = item.num_tokens, item.past_length
-            ids[b, :n] = item.input_ids
-            if item.tree_parents is None:
-                positions[b, :n] = past + np.arange(n)
-                local = np.tril(np.ones((n, n), dtype=bool))
-            else:
-                positions[b, :n] = past + tree_depths(item.tree_parents)
-                local = tree_ancestor_mask(item.tree_parents)
-            mask[b, :n, :past] = True
-            mask[b, :n, past : past + n] = local
-            write_slot.extend([item.slot] * n)
-            write_row.extend(range(past, past + n))
-            write_src.extend(b * width + t for t in range(n))
-        as_long = lambda a: torch.as_tensor(np.asarray(a), dtype=torch.long, device=self.device)  # noqa: E731
+        plan = plan_batch(items, self.max_length)
+        as_long = lambda a: torch.as_tensor(a, dtype=torch.long, device=self.device)  # noqa: E731
         return (
-            as_long(ids),
-            as_long(positions),
-            as_long(write_slot),
-            as_long(write_row),
-            as_long(write_src),
-            torch.as_tensor(mask[:, None], device=self.device),
-            total,
+            as_long(plan.ids),
+            as_long(plan.positions),
+            as_long(plan.write_slot),
+            as_long(plan.write_row),
+            as_long(plan.write_src),
+            torch.as_tensor(plan.cache_mask()[:, None], device=self.device),
+            plan,
         )
 
     @torch.inference_mode()
@@ -132,7 +110,8 @@ class TorchLlamaRuntime(DecoderRuntime):
         if not items:
             return []
         s, w = self.spec, self.weights
-        ids, positions, write_slot, write_row, write_src, mask, total = self._layout(items)
+        ids, positions, write_slot, write_row, write_src, mask, plan = self._layout(items)
+        total = plan.total
         batch, width = ids.shape
         slots = torch.as_tensor([item.slot for item in items], dtype=torch.long, device=self.device)
         cos = self.rope_cos[positions][:, None]  # [B, 1, W, D]
@@ -165,17 +144,9 @@ class TorchLlamaRuntime(DecoderRuntime):
             gate, up = F.linear(x, lw["gate_up"]).chunk(2, dim=-1)
             hidden = hidden + F.linear(F.silu(gate) * up, lw["down"])
         # Logits only where asked: the last num_logits valid positions of each item.
-        rows = torch.as_tensor(
-            np.concatenate(
-                [b * width + np.arange(it.num_tokens - it.num_logits, it.num_tokens) for b, it in enumerate(items)]
-            ),
-            dtype=torch.long,
-            device=self.device,
-        )
+        rows = torch.as_tensor(plan.logit_rows, dtype=torch.long, device=self.device)
         last = rms_norm(hidden.reshape(batch * width, -1)[rows], w.final_norm, s.rms_norm_eps)
-        logits = F.linear(last, w.lm_head).float().cpu().numpy()
-        splits = np.cumsum([it.num_logits for it in items])[:-1]
-        return np.split(logits, splits)
+        return plan.split_logits(F.linear(last, w.lm_head).float().cpu().numpy())
 
     @torch.inference_mode()
     def move_rows(self, slot: int, src_rows: np.ndarray, dst_start: int) -> None:

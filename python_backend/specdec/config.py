@@ -1,0 +1,157 @@
+"""Speculation profiles (YAML) and how a request's settings are resolved from a profile plus overrides.
+
+The YAML mirrors DESIGN.md §4:
+
+    speculative_decoding:
+      base_length: {json: 8, code: 6, text: [4, 12]}   # a range means adaptive
+      candidate_num: {default: 3, high_precision: 5}
+      verify_threshold: 0.7
+      fallback: {min_acceptance_rate: 0.40, window_s: 300}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from specdec.acceptance import ACCEPTANCE_MODES
+from specdec.errors import InvalidRequestError
+
+TASKS = ("json", "code", "text")
+DRAFTERS = ("model", "ngram")
+
+
+@dataclass(frozen=True)
+class FallbackConfig:
+    min_acceptance_rate: float = 0.40
+    window_s: float = 300.0
+    min_draft_tokens: int = 64  # evidence needed before the window's rate is trusted
+    probe_interval_s: float = 30.0  # while fallen back, one request in this interval speculates
+
+
+@dataclass(frozen=True)
+class TaskProfile:
+    """The speculation settings of one task."""
+
+    min_length: int
+    max_length: int  # equal to min_length: fixed; larger: adaptive within [min, max]
+    num_candidates: int = 3
+    drafter: str = "model"
+    acceptance: str = "greedy"
+
+    @property
+    def adaptive(self) -> bool:
+        return self.max_length > self.min_length
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    profiles: dict[str, TaskProfile]
+    high_precision_candidates: int = 5
+    verify_threshold: float = 0.7
+    fallback: FallbackConfig = field(default_factory=FallbackConfig)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> SpeculationConfig:
+        spec = raw.get("speculative_decoding", raw)
+        lengths = spec.get("base_length", {"json": 8, "code": 6, "text": [4, 12]})
+        candidates = spec.get("candidate_num", {})
+        default_candidates = int(candidates.get("default", 3))
+        drafters = spec.get("drafter", {})
+        acceptance = spec.get("acceptance", {})
+        profiles = {}
+        for task in TASKS:
+            length = lengths.get(task, 6)
+            lo, hi = (int(length[0]), int(length[1])) if isinstance(length, list) else (int(length), int(length))
+            if not 1 <= lo <= hi:
+                raise ValueError(f"base_length of {task} must be a positive length or [min, max]")
+            drafter = drafters.get(task, "model") if isinstance(drafters, dict) else str(drafters)
+            mode = acceptance.get(task, "greedy") if isinstance(acceptance, dict) else str(acceptance)
+            if drafter not in DRAFTERS or mode not in ACCEPTANCE_MODES:
+                raise ValueError(f"profile {task}: drafter must be in {DRAFTERS}, acceptance in {ACCEPTANCE_MODES}")
+            profiles[task] = TaskProfile(lo, hi, default_candidates, drafter, mode)
+        fb = spec.get("fallback", {})
+        return cls(
+            profiles=profiles,
+            high_precision_candidates=int(candidates.get("high_precision", 5)),
+            verify_threshold=float(spec.get("verify_threshold", 0.7)),
+            fallback=FallbackConfig(
+                min_acceptance_rate=float(fb.get("min_acceptance_rate", 0.40)),
+                window_s=float(fb.get("window_s", 300)),
+                min_draft_tokens=int(fb.get("min_draft_tokens", 64)),
+                probe_interval_s=float(fb.get("probe_interval_s", min(30.0, float(fb.get("window_s", 300)) / 10))),
+            ),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> SpeculationConfig:
+        return cls.from_dict(yaml.safe_load(Path(path).read_text()) or {})
+
+
+@dataclass(frozen=True)
+class SpeculationSettings:
+    """What one request does, after its profile and its overrides."""
+
+    task: str
+    drafter: str
+    min_length: int
+    max_length: int
+    num_candidates: int
+    acceptance: str
+    verify_threshold: float
+
+    @property
+    def adaptive(self) -> bool:
+        return self.max_length > self.min_length
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_length > 0
+
+
+def detect_task(text: str) -> str:
+    """`task=auto`: JSON when the prompt opens or continues a JSON value, code when it looks like source
+    code, text otherwise. Cheap and predictable, on purpose."""
+    stripped = text.lstrip()
+    if stripped[:1] in "{[" or '":' in text or '": ' in text:
+        return "json"
+    code_markers = ("def ", "class ", "import ", "return ", "#include", "function ", "=> ", "){", "self.", "    ")
+    if any(marker in text for marker in code_markers) or text.rstrip().endswith((":", "{", ";")):
+        return "code"
+    return "text"
+
+
+def resolve(config: SpeculationConfig, task: str, prompt_text: str | None, *, num_draft_tokens: int | None,
+            num_candidates: int | None, acceptance: str | None, verify_threshold: float | None,
+            drafter: str | None, sampling: bool) -> SpeculationSettings:
+    """Profile of the task (auto-detected from the prompt if asked), with the request's overrides."""
+    if task == "auto":
+        task = detect_task(prompt_text or "")
+    profile = config.profiles[task]
+    settings = SpeculationSettings(
+        task=task, drafter=profile.drafter, min_length=profile.min_length, max_length=profile.max_length,
+        num_candidates=profile.num_candidates, acceptance=profile.acceptance,
+        verify_threshold=config.verify_threshold,
+    )
+    if sampling and acceptance is None and settings.acceptance == "greedy":
+        settings = replace(settings, acceptance="rejection")  # the lossless rule for sampled decoding
+    if num_draft_tokens is not None:
+        settings = replace(settings, min_length=num_draft_tokens, max_length=num_draft_tokens)
+    if num_candidates is not None:
+        settings = replace(settings, num_candidates=num_candidates)
+    if acceptance is not None:
+        if acceptance == "greedy" and sampling:
+            raise InvalidRequestError("acceptance", "greedy acceptance needs temperature 0; use rejection or typical")
+        settings = replace(settings, acceptance=acceptance)
+    if verify_threshold is not None:
+        if not 0.0 < verify_threshold <= 1.0:
+            raise InvalidRequestError("verify_threshold", f"must be in (0, 1], got {verify_threshold}")
+        settings = replace(settings, verify_threshold=verify_threshold)
+    if drafter is not None:
+        settings = replace(settings, drafter=drafter)
+    if settings.drafter == "ngram":
+        settings = replace(settings, num_candidates=1)  # prompt lookup proposes one continuation
+    return settings

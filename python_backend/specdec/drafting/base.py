@@ -1,0 +1,25 @@
+"""What a drafter returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Proposal:
+    """Draft nodes listed parents-first; `parents[i]` = -1 for a child of the last committed token.
+
+    `depth` is the longest root-to-leaf path (the most tokens one verification can accept).
+    `draft_probs[i]` is the distribution node i was drawn from (None: deterministic proposal).
+    """
+
+    tokens: list[int]
+    parents: list[int]
+    depth: int
+    draft_probs: np.ndarray | None = None
+
+    @property
+    def is_chain(self) -> bool:
+        return all(parent == i - 1 for i, parent in enumerate(self.parents))

@@ -1,0 +1,50 @@
+"""Drafting with the draft model (a BLS call to `draft_model` per iteration, all k tokens in one call)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specdec.drafting.base import Proposal
+from specdec.engines import StepRequest, tree_draft_parents
+from specdec.sampling import SamplingParams, probabilities
+
+
+class DraftModelDrafter:
+    """Per-sequence state of the draft model's KV slot: `valid` leading tokens have valid rows."""
+
+    def __init__(self, backend, sequence_id: int) -> None:
+        self.backend = backend
+        self.sequence_id = sequence_id
+        self.valid = 0
+        self.started = False
+        self._base = 0
+        self._chain_depth = 0
+
+    async def propose(self, tokens: list[int], k: int, candidates: int, sampling: SamplingParams,
+                      want_probs: bool) -> Proposal:
+        result = await self.backend.draft_step(StepRequest(
+            self.sequence_id, past_length=self.valid, input_ids=np.asarray(tokens[self.valid:]),
+            start=not self.started, num_draft_tokens=k, num_candidates=candidates, sampling=sampling,
+            want_logits=want_probs,
+        ))
+        if result.error is not None:
+            raise RuntimeError(f"draft_model: {result.error}")
+        self.started = True
+        self._base = len(tokens)
+        self._chain_depth = k if candidates == 1 else 0
+        probs = probabilities(result.logits, sampling) if want_probs and result.logits is not None else None
+        return Proposal([int(t) for t in result.token_ids], tree_draft_parents(candidates, k), k, probs)
+
+    def verified(self, accepted: int) -> None:
+        """After verification: a chain's rows up to the first rejected token stay valid (its last token
+        was never fed); a tree's rows are scratch and the accepted tokens come back as catch-up input."""
+        self.valid = self._base + min(accepted, self._chain_depth - 1) if self._chain_depth else self._base
+
+    def reset(self) -> None:
+        """Forget the cache (after fallback or a failure: the next proposal re-sends the context)."""
+        self.valid = 0
+
+    async def release(self) -> None:
+        if self.started:
+            await self.backend.draft_step(StepRequest(self.sequence_id, end=True))
+            self.started = False

@@ -1,0 +1,175 @@
+"""How a batch of ForwardItems is laid out for one padded forward: shared by every runtime.
+
+`plan_batch` turns items into numpy arrays (token ids, RoPE positions, per-item local attention masks, the
+cache rows to write and the rows to return logits for). Each runtime then asks for the attention mask in
+its own key layout:
+
+- `cache_mask()`: keys are the slot's cache rows `0 .. total-1`, new rows already written in place (the
+  torch runtime attends over its slots directly);
+- `concat_mask(past)`: keys are `past` gathered cache rows followed by the `width` new tokens (exported
+  graphs: the past KV comes in as an input, the new KV is concatenated inside).
+
+`split_for_limits` cuts a batch to a graph's shape limits (TensorRT optimization profiles): batches into
+smaller batches, long causal inputs into consecutive chunks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from specdec.runtime.base import ForwardItem, tree_ancestor_mask, tree_depths
+
+
+@dataclass
+class BatchLayout:
+    """A padded batch of `batch` items, `width` new tokens each (padding rows are ignored)."""
+
+    ids: np.ndarray  # [B, W] int64
+    positions: np.ndarray  # [B, W] int64 RoPE positions
+    past: np.ndarray  # [B] int64 prefix rows every new token of the item sees
+    first_row: np.ndarray  # [B] int64 cache row of the item's first new token (past + cached tree nodes)
+    num_tokens: np.ndarray  # [B] int64 new tokens of each item
+    cached: list[np.ndarray | None]  # per item: [n, m] bool, new node i sees the cached tree node j
+    local: np.ndarray  # [B, W, W] bool: new token i attends to new token j (zero on padding)
+    total: int  # max(first_row + num_tokens): cache rows the batch touches
+    write_slot: np.ndarray  # [R] slot of every valid new row
+    write_row: np.ndarray  # [R] its cache row
+    write_src: np.ndarray  # [R] its index in the flattened [B * W] new tokens
+    logit_rows: np.ndarray  # [N] flattened [B * W] indices whose logits are returned, item after item
+    logit_counts: np.ndarray  # [B] num_logits of each item
+
+    @property
+    def batch(self) -> int:
+        return int(self.ids.shape[0])
+
+    @property
+    def width(self) -> int:
+        return int(self.ids.shape[1])
+
+    def cache_mask(self) -> np.ndarray:
+        """[B, W, total] bool over cache rows (new rows of item b at `past[b] ..`)."""
+        mask = np.zeros((self.batch, self.width, self.total), dtype=bool)
+        mask[:, :, 0] = True  # padding rows attend somewhere; their outputs are discarded
+        for b in range(self.batch):
+            n, first = int(self.num_tokens[b]), int(self.first_row[b])
+            self._context(mask[b, :n], b)
+            mask[b, :n, first : first + n] = self.local[b, :n, :n]
+        return mask
+
+    def _context(self, rows: np.ndarray, b: int) -> None:
+        """Set item b's attention to the rows before its first new token (prefix, then cached tree nodes)."""
+        past = int(self.past[b])
+        rows[:, :past] = True
+        if self.cached[b] is not None:
+            rows[:, past : int(self.first_row[b])] = self.cached[b]
+
+    def concat_mask(self, past_width: int) -> np.ndarray:
+        """[B, W, past_width + W] bool over `past_width` gathered cache rows then the W new tokens."""
+        if past_width < int(self.first_row.max(initial=0)):
+            raise ValueError(f"past_width {past_width} is shorter than a context of {int(self.first_row.max())} rows")
+        mask = np.zeros((self.batch, self.width, past_width + self.width), dtype=bool)
+        for b in range(self.batch):
+            n = int(self.num_tokens[b])
+            self._context(mask[b, :n], b)
+            mask[b, :, past_width:] = self.local[b]
+            mask[b, n:, past_width] = True  # padding rows attend to the first new token; outputs discarded
+        return mask
+
+    def split_logits(self, logits: np.ndarray) -> list[np.ndarray]:
+        """Per-item views of logits computed for `logit_rows`."""
+        return np.split(logits, np.cumsum(self.logit_counts)[:-1])
+
+
+def _cached_nodes(item: ForwardItem) -> int:
+    """Tree nodes of the item written by earlier calls (ForwardItem.num_cached_nodes where it exists)."""
+    return int(getattr(item, "num_cached_nodes", 0))
+
+
+def plan_batch(items: list[ForwardItem], max_length: int) -> BatchLayout:
+    """Lay out `items` for one padded forward; raises ValueError past the cache length."""
+    batch = len(items)
+    width = max(item.num_tokens for item in items)
+    first_rows = [item.past_length + _cached_nodes(item) for item in items]
+    total = max(first + item.num_tokens for first, item in zip(first_rows, items, strict=True))
+    if total > max_length:
+        raise ValueError(f"sequence would reach {total} tokens, past the cache length {max_length}")
+    ids = np.zeros((batch, width), dtype=np.int64)
+    positions = np.zeros((batch, width), dtype=np.int64)
+    local = np.zeros((batch, width, width), dtype=bool)
+    cached: list[np.ndarray | None] = []
+    write_slot, write_row, write_src, logit_rows = [], [], [], []
+    for b, item in enumerate(items):
+        n, past, first = item.num_tokens, item.past_length, first_rows[b]
+        if not 1 <= item.num_logits <= n:
+            raise ValueError(f"num_logits {item.num_logits} outside 1..{n}")
+        ids[b, :n] = item.input_ids
+        if item.tree_parents is None:
+            if _cached_nodes(item):
+                raise ValueError("num_cached_nodes needs tree_parents")
+            positions[b, :n] = past + np.arange(n)
+            local[b, :n, :n] = np.tril(np.ones((n, n), dtype=bool))
+            cached.append(None)
+        else:
+            parents = np.asarray(item.tree_parents)
+            m = _cached_nodes(item)
+            if len(parents) != m + n:
+                raise ValueError(f"tree_parents lists {len(parents)} nodes, expected {m} cached + {n} new")
+            positions[b, :n] = past + tree_depths(parents)[m:]
+            ancestors = tree_ancestor_mask(parents)[m:]
+            local[b, :n, :n] = ancestors[:, m:]
+            cached.append(ancestors[:, :m] if m else None)
+        write_slot.extend([item.slot] * n)
+        write_row.extend(range(first, first + n))
+        write_src.extend(range(b * width, b * width + n))
+        logit_rows.extend(range(b * width + n - item.num_logits, b * width + n))
+    as_i64 = lambda values: np.asarray(values, dtype=np.int64)  # noqa: E731
+    return BatchLayout(
+        ids=ids, positions=positions, past=as_i64([it.past_length for it in items]),
+        first_row=as_i64(first_rows), num_tokens=as_i64([it.num_tokens for it in items]),
+        cached=cached, local=local, total=total, write_slot=as_i64(write_slot), write_row=as_i64(write_row),
+        write_src=as_i64(write_src), logit_rows=as_i64(logit_rows),
+        logit_counts=as_i64([it.num_logits for it in items]),
+    )
+
+
+@dataclass
+class Piece:
+    """Part of one original item, run in some round; `keep` logits of it belong to the caller's item."""
+
+    item_index: int
+    item: ForwardItem
+    keep: int
+
+
+def split_for_limits(items: list[ForwardItem], max_batch: int | None, max_tokens: int | None) -> list[list[Piece]]:
+    """Cut `items` into sub-batches that run in order: at most `max_batch` items and `max_tokens` new tokens
+    each. A causal item longer than `max_tokens` becomes consecutive chunks in consecutive rounds (a chunk
+    needs the rows the previous one wrote); a tree must fit whole. Chunks before the last ask for at least
+    one logit (graphs return at least one) and keep only the ones the item wanted."""
+    rounds: list[list[Piece]] = []
+    for index, item in enumerate(items):
+        n = item.num_tokens
+        if max_tokens is None or n <= max_tokens:
+            chunks = [(0, n)]
+        elif item.tree_parents is not None:
+            raise ValueError(f"a tree of {n} tokens exceeds this runtime's {max_tokens} tokens per step")
+        else:
+            chunks = [(start, min(start + max_tokens, n)) for start in range(0, n, max_tokens)]
+        first_logit = n - item.num_logits
+        for r, (start, end) in enumerate(chunks):
+            keep = max(0, end - max(start, first_logit))
+            if len(chunks) == 1:
+                piece_item = item
+            else:  # causal chunks (trees are never cut)
+                piece_item = ForwardItem(slot=item.slot, past_length=item.past_length + start,
+                                         input_ids=item.input_ids[start:end], num_logits=max(1, keep))
+            while len(rounds) <= r:
+                rounds.append([])
+            rounds[r].append(Piece(index, piece_item, keep))
+    batches: list[list[Piece]] = []
+    for pieces in rounds:
+        step = max_batch or len(pieces)
+        batches.extend(pieces[i : i + step] for i in range(0, len(pieces), step))
+    return batches

@@ -1,0 +1,159 @@
+"""The whole loop in process: trees, n-gram drafting, sampling modes, seeds, fallback and adaptive length."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from scipy.stats import chisquare
+from specdec.config import FallbackConfig, SpeculationSettings
+from specdec.engines import DraftEngine, StepRequest, TargetEngine
+from specdec.fallback import FallbackMonitor
+from specdec.generation import GenerationRequest, GenerationStats, SpeculativeGenerator
+from specdec.inprocess import InProcessBackend
+from specdec.rejection_sampler import rejection_verify
+from specdec.runtime.base import ForwardItem
+from specdec.runtime.torch_llama import TorchLlamaRuntime
+from specdec.sampling import SamplingParams, probabilities, sample
+
+PROMPTS = [[5, 17, 42], [8, 66, 3, 91, 12, 7, 30], [10, 20, 30, 40, 50, 60, 70, 80]]
+
+
+@pytest.fixture(scope="module")
+def backend(tiny_pair):
+    target_dir, draft_dir = tiny_pair
+    return InProcessBackend(
+        TargetEngine(TorchLlamaRuntime(target_dir, num_slots=4, max_length=160), idle_timeout_s=60),
+        DraftEngine(TorchLlamaRuntime(draft_dir, num_slots=4, max_length=160), idle_timeout_s=60),
+    )
+
+
+def settings(k: int, candidates: int = 1, acceptance: str = "greedy", drafter: str = "model",
+             k_max: int | None = None, task: str = "text") -> SpeculationSettings:
+    return SpeculationSettings(task, drafter, k, k_max or k, candidates, acceptance, 0.7)
+
+
+def run(generator, request, sequence_id=1, stats=None) -> list[int]:
+    async def collect():
+        out = []
+        async for update in generator.generate(request, sequence_id, stats):
+            out.extend(update.token_ids)
+        return out
+
+    return asyncio.run(collect())
+
+
+@pytest.mark.parametrize(("k", "candidates"), [(1, 2), (3, 3), (6, 5), (4, 1)])
+def test_greedy_trees_equal_plain_greedy(backend, k, candidates):
+    generator = SpeculativeGenerator(backend, 160)
+    for prompt in PROMPTS:
+        plain = run(generator, GenerationRequest(prompt, 30))
+        stats = GenerationStats()
+        tree = run(generator, GenerationRequest(prompt, 30, settings=settings(k, candidates)), stats=stats)
+        assert tree == plain
+        assert stats.verification_passes > 0 and stats.draft_tokens <= k * stats.verification_passes
+    assert backend.target.slots_in_use == 0 and backend.draft.slots_in_use == 0
+
+
+def test_tree_drafts_are_top_candidates_then_greedy_chains(backend, tiny_pair):
+    draft = DraftEngine(TorchLlamaRuntime(tiny_pair[1], num_slots=1, max_length=64), idle_timeout_s=60)
+    prompt = np.array([5, 17, 42, 8])
+    tokens = draft.step([StepRequest(1, 0, prompt, start=True, num_draft_tokens=3, num_candidates=3)])[0].token_ids
+    reference = TorchLlamaRuntime(tiny_pair[1], num_slots=1, max_length=64)
+    logits = reference.forward([ForwardItem(0, 0, prompt)])[0][-1]
+    top = list(np.argsort(-logits, kind="stable")[:3])
+    assert list(tokens[:3]) == top
+    for branch in range(3):  # each branch continues greedily from its first token
+        ids = list(prompt) + [top[branch]]
+        chain = [top[branch]]
+        for _ in range(2):
+            nxt = int(reference.forward([ForwardItem(0, 0, np.array(ids))])[0][-1].argmax())
+            chain.append(nxt)
+            ids.append(nxt)
+        assert [int(tokens[branch + 3 * d]) for d in range(3)] == chain
+
+
+def test_ngram_drafter_is_lossless_and_needs_no_draft_model(backend):
+    no_draft = InProcessBackend(backend.target, None)
+    generator = SpeculativeGenerator(no_draft, 160)
+    prompt = [4, 9, 4, 9, 4, 9, 4, 9, 33]
+    plain = run(generator, GenerationRequest(prompt, 40))
+    stats = GenerationStats()
+    out = run(generator, GenerationRequest(prompt, 40, settings=settings(4, drafter="ngram")), stats=stats)
+    assert out == plain and stats.draft_failures == 0
+
+
+@pytest.mark.parametrize("candidates", [1, 3])
+def test_sampling_is_reproducible_with_a_seed(backend, candidates):
+    generator = SpeculativeGenerator(backend, 160)
+    sampling = SamplingParams(temperature=1.0, top_k=20, seed=1234)
+
+    def sampled(seed_params):
+        return run(generator, GenerationRequest(PROMPTS[1], 30, sampling=seed_params,
+                                                settings=settings(4, candidates, "rejection")))
+
+    first, second = sampled(sampling), sampled(sampling)
+    assert first == second
+    other = sampled(SamplingParams(temperature=1.0, top_k=20, seed=99))
+    assert other != first
+
+
+def test_typical_acceptance_accepts_at_least_what_greedy_accepts(backend):
+    generator = SpeculativeGenerator(backend, 160)
+    greedy_stats, typical_stats = GenerationStats(), GenerationStats()
+    run(generator, GenerationRequest(PROMPTS[0], 40, settings=settings(4)), stats=greedy_stats)
+    out = run(generator, GenerationRequest(PROMPTS[0], 40, settings=settings(4, acceptance="typical")),
+              stats=typical_stats)
+    assert len(out) == 40
+    assert typical_stats.acceptance_rate >= greedy_stats.acceptance_rate
+
+
+def test_rejection_sampling_on_the_real_pair_keeps_the_targets_first_token_law(tiny_pair):
+    """The first token a verification produces is distributed as the target's, with real p and q."""
+    target = TorchLlamaRuntime(tiny_pair[0], num_slots=1, max_length=64)
+    draft = TorchLlamaRuntime(tiny_pair[1], num_slots=1, max_length=64)
+    prompt = np.array([8, 66, 3, 91])
+    params = SamplingParams(temperature=1.0)
+    p = probabilities(target.forward([ForwardItem(0, 0, prompt)])[0][-1], params)[0]
+    q = probabilities(draft.forward([ForwardItem(0, 0, prompt)])[0][-1], params)[0]
+    rng = np.random.default_rng(5)
+    draws = 100_000
+    counts = np.zeros(len(p))
+    for _ in range(draws):
+        token = sample(q, rng)
+        verdict = rejection_verify([token], [-1], np.stack([p, p]), q[None], rng)
+        counts[token if verdict.path else verdict.next_token] += 1
+    big = p > 0.01
+    observed = np.append(counts[big], counts[~big].sum())
+    expected = np.append(p[big], p[~big].sum()) * draws
+    assert big.sum() >= 3
+    assert chisquare(observed, expected).pvalue > 1e-3
+
+
+def test_fallback_stops_speculation_and_probes(backend):
+    clock_now = [0.0]
+    monitor = FallbackMonitor("text", FallbackConfig(0.99, window_s=0.0, min_draft_tokens=4, probe_interval_s=1e9),
+                              clock=lambda: clock_now[0])
+    generator = SpeculativeGenerator(backend, 160, monitors={"text": monitor})
+    plain = run(generator, GenerationRequest(PROMPTS[2], 60))
+    stats = GenerationStats()
+    out = run(generator, GenerationRequest(PROMPTS[2], 60, settings=settings(6)), stats=stats)
+    assert out == plain  # lossless whatever the state
+    assert monitor.active and stats.fallback_active
+    # Once fallen back only the first probe burst (8 iterations) speculated.
+    assert stats.verification_passes <= 8 + 4
+
+
+def test_adaptive_length_stays_in_range(backend):
+    generator = SpeculativeGenerator(backend, 160)
+    lengths = []
+
+    class Spy(GenerationStats):
+        def record_verification(self, depth, accepted):
+            lengths.append(depth)
+            super().record_verification(depth, accepted)
+
+    run(generator, GenerationRequest(PROMPTS[0], 60, settings=settings(2, k_max=7)), stats=Spy())
+    # Only the last iterations may go under the range: k never exceeds the tokens still wanted.
+    assert lengths and all(k <= 7 for k in lengths) and all(k >= 2 for k in lengths[:-2])
