@@ -14,7 +14,8 @@
 #    requests for --exit-timeout-secs) with safe defaults: --model-control-mode=none (no load/unload API),
 #    strict readiness. Arguments given to the container are appended.
 #
-# Environment: SPECDEC_HOME (/opt/specdec), SPECDEC_MODEL_REPOSITORY, SPECDEC_DEPLOYMENT, SPECDEC_RUN_REPOSITORY,
+# Environment: SPECDEC_HOME (/opt/specdec), SPECDEC_MODEL_REPOSITORY, SPECDEC_DEPLOYMENT (the base deployment YAML),
+# SPECDEC_DEPLOYMENT_OVERRIDES (a YAML merged over it key by key), SPECDEC_RUN_REPOSITORY,
 # SPECDEC_BUILD_ENGINES (auto|1|0), SPECDEC_ENGINE_CACHE, SPECDEC_BUILD_ENGINES_ARGS, SPECDEC_EXIT_TIMEOUT_S,
 # HTTP_PORT, GRPC_PORT, METRICS_PORT, TRITONSERVER (the server command), SPECDEC_PYTHON.
 set -euo pipefail
@@ -35,6 +36,35 @@ TRITONSERVER="${TRITONSERVER:-tritonserver}"
 repo="$SOURCE_REPO"
 
 # --- 1. model repository --------------------------------------------------------------------------------------
+if [[ -n "${SPECDEC_DEPLOYMENT_OVERRIDES:-}" ]]; then
+  # Overrides (the Helm chart's `deployment:` value) merged key by key over the base deployment YAML, so a
+  # chart only states what it changes (placement, runtime) and every other key keeps the image's default.
+  [[ -n "$DEPLOYMENT" && -f "$DEPLOYMENT" ]] || die "SPECDEC_DEPLOYMENT_OVERRIDES needs a base SPECDEC_DEPLOYMENT file"
+  [[ -f "$SPECDEC_DEPLOYMENT_OVERRIDES" ]] || die "SPECDEC_DEPLOYMENT_OVERRIDES=$SPECDEC_DEPLOYMENT_OVERRIDES: no such file"
+  merged="$(dirname "$RUN_REPO")/deployment.yaml"
+  mkdir -p "$(dirname "$merged")"
+  "$PYTHON" - "$DEPLOYMENT" "$SPECDEC_DEPLOYMENT_OVERRIDES" "$merged" <<'PY'
+import sys
+import yaml
+
+
+def merge(base, over):
+    if isinstance(base, dict) and isinstance(over, dict):
+        return {**base, **{k: merge(base[k], v) if k in base else v for k, v in over.items()}}
+    return over
+
+
+with open(sys.argv[1]) as f:
+    base = yaml.safe_load(f) or {}
+with open(sys.argv[2]) as f:
+    over = yaml.safe_load(f) or {}
+with open(sys.argv[3], "w") as f:
+    yaml.safe_dump(merge(base, over), f, sort_keys=False)
+PY
+  log "deployment: $SPECDEC_DEPLOYMENT_OVERRIDES merged over $DEPLOYMENT into $merged"
+  DEPLOYMENT="$merged"
+fi
+
 if [[ -n "$DEPLOYMENT" ]]; then
   [[ -f "$DEPLOYMENT" ]] || die "SPECDEC_DEPLOYMENT=$DEPLOYMENT: no such file"
   source_abs="$(cd "$SOURCE_REPO" && pwd -P)"

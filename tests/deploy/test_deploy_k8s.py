@@ -8,7 +8,7 @@
 - the ServiceMonitor (a CRD) is validated against the prometheus-operator v0.80 CRD schema as generated into
   the `cloudcoil.models.prometheus_operator` pydantic models; a field the schema does not know fails too;
 - cross-object wiring: selectors, named ports, the HPA's target and metric, the adapter rule behind it;
-- the chart's model placement (`deployment:`) goes through the project's own config renderer.
+- the chart's model placement (`deployment:`) is rendered by the entrypoint: tests/deploy/test_deploy_entrypoint.py.
 """
 
 from __future__ import annotations
@@ -261,33 +261,16 @@ def test_hpa_metric_is_served_by_the_adapter_rule(helm: Path) -> None:
         assert set(rule["resources"]["overrides"]) == {"namespace", "pod"}  # per-pod values for a Pods metric
         for placeholder in ("<<.Series>>", "<<.LabelMatchers>>", "<<.GroupBy>>"):
             assert placeholder in rule["metricsQuery"]
+        # Every selector of the query is scoped to the pod (label matchers) and grouped per pod.
+        assert rule["metricsQuery"].count("{<<.LabelMatchers>>") == rule["metricsQuery"].count("{")
+        assert rule["metricsQuery"].count("by (<<.GroupBy>>)") == rule["metricsQuery"].count("sum(")
         assert rule["metricsQuery"].count("(") == rule["metricsQuery"].count(")")
-        assert series.startswith("nv_inference_")  # families tritonserver exports: see the integration check
+        assert series.startswith(("nv_inference_", "specdec_"))  # exported by the replicas: integration check
 
 
-def test_chart_model_placement_renders_valid_triton_configs(tmp_path: Path) -> None:
-    """values.yaml's `deployment:` through build/render_configs.py (Triton's ModelConfig protobuf)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("render_configs", REPO_ROOT / "build" / "render_configs.py")
-    render_configs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(render_configs)
-    path = tmp_path / "deployment.yaml"
-    path.write_text(yaml.safe_dump(VALUES["deployment"]))
-    configs = render_configs.render(yaml.safe_load(path.read_text()))
-    assert set(configs) == {d.name for d in (REPO_ROOT / "model_repository").iterdir() if (d / "config.pbtxt").exists()}
-    target, draft = configs["target_model"].instance_group[0], configs["draft_model"].instance_group[0]
-    assert (target.count, draft.count) == (1, 3), "the 1:3 target:draft instance ratio"
-    for group in (target, draft):
-        assert render_configs.mc.ModelInstanceGroup.Kind.Name(group.kind) == "KIND_GPU"
-        assert list(group.gpus) == [0]
-    assert configs["target_model"].parameters["device"].string_value == "cuda"
-    assert configs["target_model"].parameters["runtime"].string_value == "tensorrt"
-    assert render_configs.render_text(path)  # serialises to text format
-
-
-def test_cpu_values_point_at_a_deployment_file_in_the_image() -> None:
-    cpu = yaml.safe_load((CHART_DIR / "values-cpu.yaml").read_text())
-    assert cpu["deployment"] is None
-    in_repo = REPO_ROOT / Path(cpu["deploymentFile"]).relative_to("/opt/specdec")
-    assert in_repo.is_file(), f"{cpu['deploymentFile']} is not in the image: {in_repo} does not exist"
+@pytest.mark.parametrize("name", sorted(VALUE_SETS))
+def test_deployment_files_are_in_the_image(helm: Path, name: str) -> None:
+    env = {e["name"]: e.get("value") for e in container(helm_template(helm, VALUE_SETS[name]))["env"]}
+    in_repo = REPO_ROOT / Path(env["SPECDEC_DEPLOYMENT"]).relative_to("/opt/specdec")  # the images' SPECDEC_HOME
+    assert in_repo.is_file(), f"{env['SPECDEC_DEPLOYMENT']} is not in the image: {in_repo} does not exist"
+    assert ("SPECDEC_DEPLOYMENT_OVERRIDES" in env) == (name == "gpu")

@@ -41,8 +41,3 @@ app.kubernetes.io/component: inference-server
 {{- define "specdec-triton.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
-
-{{/* Path of the deployment YAML inside the container. */}}
-{{- define "specdec-triton.deploymentPath" -}}
-{{- if .Values.deployment }}/etc/specdec/deployment.yaml{{ else }}{{ .Values.deploymentFile }}{{ end }}
-{{- end }}
