@@ -1,11 +1,14 @@
 """Real load balancing on one machine: two tritonservers on loopback behind nginx (HTTP and gRPC), each
 started by docker/entrypoint.sh as the images start it.
 
-Traffic goes through nginx while one replica is stopped mid-run, either gracefully (SIGTERM: tritonserver
-drains the requests it holds and drops new connections, which nginx retries on the other replica) or by a
-crash (SIGKILL of the server and its model processes). New requests must keep succeeding through the
-survivor; only requests that were in flight on the stopped replica may fail, with 502 Bad Gateway (HTTP)
-or UNAVAILABLE (gRPC).
+Traffic goes through nginx while one replica is stopped mid-run, three ways:
+- drain: the replica leaves nginx (reload), then gets SIGTERM (a rolling update): nothing may fail;
+- sigterm: SIGTERM only. tritonserver drains what it holds and drops new HTTP connections, which nginx
+  re-sends to the survivor; gRPC requests reaching it during its final unload get NOT_FOUND in a normal gRPC
+  response that nginx cannot retry (the reason to drain first): only those may fail;
+- crash: SIGKILL of the server and its model processes: only requests in flight on it may fail, with
+  502 Bad Gateway (HTTP) or UNAVAILABLE (gRPC).
+In every case, requests sent after the replica is gone all succeed on the survivor.
 
 The model is a tiny Python-backend model that answers with the pid of the tritonserver that ran it, so each
 response names its replica; nginx's access log (request id, upstream address) tells where failures went.
