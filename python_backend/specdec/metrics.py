@@ -6,9 +6,10 @@ place where a metric name, help text, label name or bucket boundary is written d
 describes them for operators).
 
 Label `model` is the Triton model that reports the series (as in Triton's own metrics), `task` the request's
-task (json | code | text | auto; `unknown` when the request could not be parsed), `instance` the model
-instance (gauges only: each instance process sets its own value; counters and histograms of several
-instances with equal labels add up in Triton's registry).
+task (json | code | text, as resolved for the request; `unknown` when the request could not be parsed),
+`model_instance` the model instance (gauges only: each instance process sets its own value; counters and
+histograms of several instances with equal labels add up in Triton's registry). Not `instance`: Prometheus
+gives that label to the scrape target.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ Kind = Literal["counter", "gauge", "histogram"]
 # ---- label names ----
 MODEL = "model"
 TASK = "task"
-INSTANCE = "instance"
+INSTANCE = "model_instance"  # not "instance": Prometheus sets that label to the scraped target
 OUTCOME = "outcome"
 ERROR_KIND = "kind"
 POSITION = "position"
