@@ -19,6 +19,8 @@ from specdec_triton import contract as c
 from tritonclient.grpc import model_config_pb2 as mc
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+DECODERS = {"target_model": "target", "draft_model": "draft"}  # decoder model name -> role
+RUNTIME_KINDS = {"torch": ("KIND_CPU", "KIND_GPU"), "onnxruntime": ("KIND_CPU",), "tensorrt": ("KIND_GPU",)}
 HEADER = "# Rendered by build/render_configs.py from {source}; edit that file, not this one.\n"
 
 
@@ -53,12 +55,17 @@ def _params(cfg: mc.ModelConfig, **values: Any) -> None:
 def decoder_config(name: str, role: str, dep: dict) -> mc.ModelConfig:
     model = dep["models"][name]
     kv = dep["kv_cache"]
+    runtime = model.get("runtime", dep.get("runtime", "torch"))
+    kind = model.get("kind", "KIND_CPU")
+    if kind not in RUNTIME_KINDS.get(runtime, ()):
+        raise ValueError(f"{name}: runtime {runtime!r} cannot run on {kind} (runtimes: {RUNTIME_KINDS})")
+    num_slots = int(model.get("num_slots", kv["num_slots"]))  # KV slots per instance = max batch
     inputs = c.DRAFT_INPUTS if role == "draft" else c.DECODER_INPUTS
-    cfg = _base(name, kv["num_slots"], inputs, c.DECODER_OUTPUTS, model)
+    cfg = _base(name, num_slots, inputs, c.DECODER_OUTPUTS, model)
     seq = cfg.sequence_batching
     # Generous: the speculative loop never idles; our own slot timeout frees abandoned slots.
     seq.max_sequence_idle_microseconds = int(kv["idle_timeout_s"] * 1_000_000)
-    seq.oldest.max_candidate_sequences = kv["num_slots"]
+    seq.oldest.max_candidate_sequences = int(model.get("max_candidate_sequences", num_slots))
     seq.oldest.max_queue_delay_microseconds = int(model.get("max_queue_delay_us", 100))
     seq.oldest.preserve_ordering = False
     for control_name, kind in ((c.CONTROL_START, "CONTROL_SEQUENCE_START"), (c.CONTROL_END, "CONTROL_SEQUENCE_END")):
@@ -71,13 +78,15 @@ def decoder_config(name: str, role: str, dep: dict) -> mc.ModelConfig:
     _params(
         cfg,
         role=role,
-        runtime=model.get("runtime", dep.get("runtime", "torch")),
-        device=model.get("device", "cuda" if model.get("kind") == "KIND_GPU" else "cpu"),
-        num_slots=kv["num_slots"],
+        runtime=runtime,
+        device=model.get("device", "cuda" if kind == "KIND_GPU" else "cpu"),
+        num_slots=num_slots,
         max_length=kv["max_length"],
         idle_timeout_s=kv["idle_timeout_s"],
         num_threads=model.get("num_threads", 1),
     )
+    if runtime == "tensorrt" or "engine_dir" in model:  # tensorrt: where docker/entrypoint.sh puts the engines
+        _params(cfg, engine_dir=model.get("engine_dir", "${SPECDEC_ENGINE_DIR}/" + name))
     return cfg
 
 
@@ -134,8 +143,7 @@ def render(deployment: dict) -> dict[str, mc.ModelConfig]:
     return {
         "preprocessing": text_config("preprocessing", c.PREPROCESSING_INPUTS, c.PREPROCESSING_OUTPUTS, deployment,
                                      max_input_bytes=deployment["limits"]["max_input_bytes"]),
-        "target_model": decoder_config("target_model", "target", deployment),
-        "draft_model": decoder_config("draft_model", "draft", deployment),
+        **{name: decoder_config(name, role, deployment) for name, role in DECODERS.items()},
         "speculative_decoding": speculative_config(deployment),
         "postprocessing": text_config("postprocessing", c.POSTPROCESSING_INPUTS, c.POSTPROCESSING_OUTPUTS, deployment),
         "ensemble": ensemble_config(),

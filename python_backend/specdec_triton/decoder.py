@@ -57,10 +57,13 @@ class DecoderModel:
 
     def initialize(self, args: dict) -> None:
         params = model_parameters(args)
+        device = params.get("device", "cpu")
+        if device == "cuda" and args.get("model_instance_kind") == "GPU":  # the GPU of this instance (`gpus`)
+            device = f"cuda:{args['model_instance_device_id']}"
         runtime = build_runtime(
             params.get("runtime", "torch"), model_dir(args), num_slots=int(params["num_slots"]),
-            max_length=int(params["max_length"]), device=params.get("device", "cpu"),
-            num_threads=int(params.get("num_threads", 1)),
+            max_length=int(params["max_length"]), device=device,
+            num_threads=int(params.get("num_threads", 1)), engine_dir=params.get("engine_dir"),
         )
         engine_class = DraftEngine if params["role"] == "draft" else TargetEngine
         self.engine = engine_class(runtime, idle_timeout_s=float(params["idle_timeout_s"]))

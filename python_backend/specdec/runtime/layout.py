@@ -82,17 +82,11 @@ class BatchLayout:
         return np.split(logits, np.cumsum(self.logit_counts)[:-1])
 
 
-def _cached_nodes(item: ForwardItem) -> int:
-    """Tree nodes of the item written by earlier calls (ForwardItem.num_cached_nodes where it exists)."""
-    return int(getattr(item, "num_cached_nodes", 0))
-
-
 def plan_batch(items: list[ForwardItem], max_length: int) -> BatchLayout:
     """Lay out `items` for one padded forward; raises ValueError past the cache length."""
     batch = len(items)
     width = max(item.num_tokens for item in items)
-    first_rows = [item.past_length + _cached_nodes(item) for item in items]
-    total = max(first + item.num_tokens for first, item in zip(first_rows, items, strict=True))
+    total = max(item.end_row for item in items)
     if total > max_length:
         raise ValueError(f"sequence would reach {total} tokens, past the cache length {max_length}")
     ids = np.zeros((batch, width), dtype=np.int64)
@@ -101,19 +95,19 @@ def plan_batch(items: list[ForwardItem], max_length: int) -> BatchLayout:
     cached: list[np.ndarray | None] = []
     write_slot, write_row, write_src, logit_rows = [], [], [], []
     for b, item in enumerate(items):
-        n, past, first = item.num_tokens, item.past_length, first_rows[b]
+        n, past, first = item.num_tokens, item.past_length, item.first_row
         if not 1 <= item.num_logits <= n:
             raise ValueError(f"num_logits {item.num_logits} outside 1..{n}")
         ids[b, :n] = item.input_ids
         if item.tree_parents is None:
-            if _cached_nodes(item):
+            if item.num_cached_nodes:
                 raise ValueError("num_cached_nodes needs tree_parents")
             positions[b, :n] = past + np.arange(n)
             local[b, :n, :n] = np.tril(np.ones((n, n), dtype=bool))
             cached.append(None)
         else:
             parents = np.asarray(item.tree_parents)
-            m = _cached_nodes(item)
+            m = item.num_cached_nodes
             if len(parents) != m + n:
                 raise ValueError(f"tree_parents lists {len(parents)} nodes, expected {m} cached + {n} new")
             positions[b, :n] = past + tree_depths(parents)[m:]
@@ -127,7 +121,7 @@ def plan_batch(items: list[ForwardItem], max_length: int) -> BatchLayout:
     as_i64 = lambda values: np.asarray(values, dtype=np.int64)  # noqa: E731
     return BatchLayout(
         ids=ids, positions=positions, past=as_i64([it.past_length for it in items]),
-        first_row=as_i64(first_rows), num_tokens=as_i64([it.num_tokens for it in items]),
+        first_row=as_i64([it.first_row for it in items]), num_tokens=as_i64([it.num_tokens for it in items]),
         cached=cached, local=local, total=total, write_slot=as_i64(write_slot), write_row=as_i64(write_row),
         write_src=as_i64(write_src), logit_rows=as_i64(logit_rows),
         logit_counts=as_i64([it.num_logits for it in items]),

@@ -1,0 +1,124 @@
+"""The decoder step on ONNX Runtime (CPU), behind the DecoderRuntime interface.
+
+The graph is the export of specdec.runtime.step_graph. `resolve_onnx` finds an export that matches the
+checkpoint (same weights, graph version and dtype) or makes one, so a deployment needs nothing but the
+Hugging Face checkpoint: the first load exports (about a second for the default pair) into
+`<model_dir>/onnx/` if that folder is writable, else into `$SPECDEC_ONNX_CACHE` (default
+`~/.cache/specdec/onnx/<fingerprint>`). `build/export_onnx.py` does the same ahead of time.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from specdec.checkpoint import read_spec
+from specdec.runtime.graph_runtime import SlottedGraphRuntime
+from specdec.runtime.step_graph import (
+    DTYPES,
+    INPUTS,
+    ONNX_FILE,
+    OUTPUTS,
+    checkpoint_fingerprint,
+    export_decoder,
+    graph_metadata,
+    read_graph_metadata,
+)
+
+log = logging.getLogger(__name__)
+
+
+@contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """Serialise exports into `folder` across processes (Triton instances load in parallel)."""
+    with (folder / ".export.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def export_is_current(onnx_path: Path, model_dir: str | Path, dtype: str) -> bool:
+    """True when `onnx_path` was exported from this checkpoint, at this dtype, by this graph version."""
+    if not onnx_path.is_file():
+        return False
+    try:
+        found = read_graph_metadata(onnx_path)
+    except Exception:  # unreadable or truncated: rebuild
+        return False
+    wanted = graph_metadata(model_dir, dtype, int(found.get("max_positions", 0)))
+    return all(found.get(key) == value for key, value in wanted.items())
+
+
+def default_onnx_dirs(model_dir: str | Path) -> list[Path]:
+    """Where an export of `model_dir` is looked for and written, in order."""
+    cache_root = os.environ.get("SPECDEC_ONNX_CACHE") or Path.home() / ".cache" / "specdec" / "onnx"
+    return [Path(model_dir) / "onnx", Path(cache_root) / checkpoint_fingerprint(model_dir)[:16]]
+
+
+def resolve_onnx(model_dir: str | Path, engine_dir: str | Path | None = None, dtype: str = "float32") -> Path:
+    """The path of a current export of `model_dir`, exporting it if needed.
+
+    With `engine_dir` only that folder is used; otherwise the first writable of `default_onnx_dirs`."""
+    folders = [Path(os.path.expandvars(str(engine_dir)))] if engine_dir else default_onnx_dirs(model_dir)
+    errors = []
+    for folder in folders:
+        path = folder / ONNX_FILE
+        if export_is_current(path, model_dir, dtype):
+            return path
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with _locked(folder):
+                if not export_is_current(path, model_dir, dtype):  # another process may have just made it
+                    log.info("exporting %s to %s (%s)", model_dir, path, dtype)
+                    export_decoder(model_dir, path, dtype=dtype)
+            return path
+        except OSError as exc:  # read-only model folder: try the next place
+            errors.append(f"{folder}: {exc}")
+    raise OSError("cannot write an ONNX export anywhere: " + "; ".join(errors))
+
+
+class OnnxLlamaRuntime(SlottedGraphRuntime):
+    """DecoderRuntime over an onnxruntime InferenceSession (CPUExecutionProvider)."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        num_slots: int,
+        max_length: int | None = None,
+        num_threads: int | None = None,
+        engine_dir: str | Path | None = None,
+        dtype: str = "float32",
+        onnx_path: str | Path | None = None,
+        max_batch: int | None = None,
+        max_step_tokens: int | None = None,
+    ) -> None:
+        import onnxruntime as ort
+
+        spec = read_spec(model_dir)
+        max_length = min(max_length or spec.max_position_embeddings, spec.max_position_embeddings)
+        super().__init__(spec, num_slots, max_length, DTYPES[dtype], "cpu")
+        self.onnx_path = Path(onnx_path) if onnx_path else resolve_onnx(model_dir, engine_dir, dtype)
+        self.max_batch, self.max_step_tokens = max_batch, max_step_tokens
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = num_threads or 1
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # shared CPUs: never spin
+        self.session = ort.InferenceSession(str(self.onnx_path), options, providers=["CPUExecutionProvider"])
+        names = ([i.name for i in self.session.get_inputs()], [o.name for o in self.session.get_outputs()])
+        if names != (list(INPUTS), list(OUTPUTS)):
+            raise ValueError(f"{self.onnx_path} is not a specdec step graph: inputs/outputs {names}")
+
+    def _run(self, feeds: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        outputs = self.session.run(list(OUTPUTS), {name: tensor.numpy() for name, tensor in feeds.items()})
+        logits, new_keys, new_values = (torch.from_numpy(out) for out in outputs)
+        return logits, new_keys, new_values

@@ -1,0 +1,214 @@
+"""The decoder step as an exportable graph (ONNX, then TensorRT), and its export.
+
+One call runs one padded forward of a batch over its KV context:
+
+inputs
+    input_ids       int64 [batch, new_tokens]
+    position_ids    int64 [batch, new_tokens]                      RoPE positions (tree depth for trees)
+    attention_mask  bool  [batch, new_tokens, past_length + new_tokens]   keys: past rows, then new tokens
+    past_keys       dtype [layers, batch, kv_heads, past_length, head_dim] the slots' cache rows 0..past_length-1
+    past_values     dtype [layers, batch, kv_heads, past_length, head_dim]
+    logit_rows      int64 [num_logits]                             rows of the flattened [batch*new_tokens]
+outputs
+    logits          fp32  [num_logits, vocab]
+    new_keys        dtype [layers, batch, kv_heads, new_tokens, head_dim]  KV of the new tokens only
+    new_values      dtype [layers, batch, kv_heads, new_tokens, head_dim]
+
+Why "past in, new KV out" and not an in-place cache: the slotted cache stays with the runtime (numpy /
+torch CPU for onnxruntime, torch CUDA for TensorRT), so the graph is stateless and any slot, rollback by
+length and tree-path commit (`move_rows`) stay plain tensor indexing outside it; the graph returns only the
+W new rows (a full `present` output would copy the whole context back every step), and the runtime
+scatters them into the slots. Causal, padded-batch and tree attention are all one boolean mask input.
+
+`past_length` is at least 1 (a fresh sequence gets one masked dummy row): TensorRT profiles and some
+kernels dislike empty dimensions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from specdec.checkpoint import LlamaSpec, load_state_dict, read_spec
+from specdec.runtime.torch_llama import LlamaWeights, rotate_half
+
+GRAPH_VERSION = 1  # bump when inputs, outputs or semantics change: cached exports are then rebuilt
+OPSET = 17
+INPUTS = ("input_ids", "position_ids", "attention_mask", "past_keys", "past_values", "logit_rows")
+OUTPUTS = ("logits", "new_keys", "new_values")
+DYNAMIC_AXES = {
+    "input_ids": {0: "batch", 1: "new_tokens"},
+    "position_ids": {0: "batch", 1: "new_tokens"},
+    "attention_mask": {0: "batch", 1: "new_tokens", 2: "key_length"},
+    "past_keys": {1: "batch", 3: "past_length"},
+    "past_values": {1: "batch", 3: "past_length"},
+    "logit_rows": {0: "num_logits"},
+    "logits": {0: "num_logits"},
+    "new_keys": {1: "batch", 3: "new_tokens"},
+    "new_values": {1: "batch", 3: "new_tokens"},
+}
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+ONNX_FILE = "decoder.onnx"
+META_PREFIX = "specdec."
+
+
+def _cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`x.to(dtype)` that records no node when nothing changes (onnxruntime 1.31's basic optimizer breaks
+    graphs with identity Casts that have several consumers)."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """torch_llama.rms_norm (fp32 statistics) without identity casts."""
+    xf = _cast(x, torch.float32)
+    return weight * _cast(xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps), x.dtype)
+
+
+class LlamaStepGraph(torch.nn.Module):
+    """The decoder step of a Llama checkpoint, written with export-friendly ops (explicit attention with a
+    boolean mask, fp32 norms and softmax), the same math as TorchLlamaRuntime."""
+
+    def __init__(self, spec: LlamaSpec, state: dict[str, torch.Tensor], dtype: torch.dtype,
+                 max_positions: int) -> None:
+        super().__init__()
+        self.spec = spec
+        self.dtype = dtype
+        w = LlamaWeights(spec, state, dtype, "cpu")
+        self.register_buffer("embed", w.embed)
+        self.register_buffer("lm_head", w.lm_head)
+        self.register_buffer("final_norm", w.final_norm)
+        self.num_layers = spec.num_layers
+        for i, layer in enumerate(w.layers):
+            for key, tensor in layer.items():
+                self.register_buffer(f"l{i}_{key}", tensor)
+        s = spec
+        inv_freq = 1.0 / (s.rope_theta ** (torch.arange(0, s.head_dim, 2, dtype=torch.float32) / s.head_dim))
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("rope_cos", emb.cos().to(dtype))
+        self.register_buffer("rope_sin", emb.sin().to(dtype))
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
+                past_keys: torch.Tensor, past_values: torch.Tensor, logit_rows: torch.Tensor):
+        s = self.spec
+        batch, width = input_ids.shape[0], input_ids.shape[1]
+        q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        group = s.num_heads // s.num_kv_heads
+        scale = 1.0 / math.sqrt(s.head_dim)
+        cos = F.embedding(position_ids, self.rope_cos).unsqueeze(1)  # [B, 1, W, D]
+        sin = F.embedding(position_ids, self.rope_sin).unsqueeze(1)
+        mask = attention_mask.unsqueeze(1)  # [B, 1, W, T]
+        hidden = F.embedding(input_ids, self.embed)
+        new_keys, new_values = [], []
+        for i in range(self.num_layers):
+            layer = lambda key, i=i: getattr(self, f"l{i}_{key}")  # noqa: E731
+            x = _rms_norm(hidden, layer("attn_norm"), s.rms_norm_eps)
+            q, k, v = F.linear(x, layer("qkv")).split([q_size, kv_size, kv_size], dim=-1)
+            q = q.reshape(batch, width, s.num_heads, s.head_dim).transpose(1, 2)
+            k = k.reshape(batch, width, s.num_kv_heads, s.head_dim).transpose(1, 2)
+            v = v.reshape(batch, width, s.num_kv_heads, s.head_dim).transpose(1, 2)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            new_keys.append(k)
+            new_values.append(v)
+            keys = torch.cat([past_keys[i], k], dim=2)  # [B, Hkv, T, D]
+            values = torch.cat([past_values[i], v], dim=2)
+            if group > 1:
+                keys = keys.repeat_interleave(group, dim=1)
+                values = values.repeat_interleave(group, dim=1)
+            scores = _cast(torch.matmul(q * scale, keys.transpose(2, 3)), torch.float32)
+            scores = torch.where(mask, scores, torch.finfo(torch.float32).min)
+            probs = _cast(torch.softmax(scores, dim=-1), self.dtype)
+            attn = torch.matmul(probs, values).transpose(1, 2).reshape(batch, width, q_size)
+            hidden = hidden + F.linear(attn, layer("o"))
+            x = _rms_norm(hidden, layer("mlp_norm"), s.rms_norm_eps)
+            gate, up = F.linear(x, layer("gate_up")).chunk(2, dim=-1)
+            hidden = hidden + F.linear(F.silu(gate) * up, layer("down"))
+        rows = hidden.reshape(batch * width, s.hidden_size).index_select(0, logit_rows)
+        logits = _cast(F.linear(_rms_norm(rows, self.final_norm, s.rms_norm_eps), self.lm_head), torch.float32)
+        return logits, torch.stack(new_keys), torch.stack(new_values)
+
+
+def checkpoint_fingerprint(model_dir: str | Path) -> str:
+    """sha256 of config.json and every safetensors file: an export or engine is stale when it changes."""
+    digest = hashlib.sha256()
+    folder = Path(model_dir)
+    for path in [folder / "config.json", *sorted(folder.glob("*.safetensors"))]:
+        digest.update(path.name.encode())
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def example_inputs(spec: LlamaSpec, dtype: torch.dtype, batch: int = 2, width: int = 3,
+                   past: int = 5) -> tuple[torch.Tensor, ...]:
+    """Inputs of the given sizes (distinct, so the tracer keeps every dynamic axis symbolic)."""
+    cache = (spec.num_layers, batch, spec.num_kv_heads, past, spec.head_dim)
+    ids = torch.arange(batch * width, dtype=torch.long).reshape(batch, width) % spec.vocab_size
+    positions = past + torch.arange(width, dtype=torch.long).expand(batch, width)
+    mask = torch.ones(batch, width, past + width, dtype=torch.bool).tril(diagonal=past)
+    rows = torch.arange(batch * width - 1, dtype=torch.long)
+    return ids, positions, mask, torch.zeros(cache, dtype=dtype), torch.zeros(cache, dtype=dtype), rows
+
+
+def graph_metadata(model_dir: str | Path, dtype: str, max_positions: int) -> dict[str, str]:
+    """What an export was made from; a cached export is reused only when all of it matches."""
+    spec = read_spec(model_dir)
+    return {
+        "graph_version": str(GRAPH_VERSION),
+        "checkpoint_fingerprint": checkpoint_fingerprint(model_dir),
+        "dtype": dtype,
+        "max_positions": str(max_positions),
+        "spec": json.dumps(asdict(spec), sort_keys=True),
+    }
+
+
+def export_decoder(model_dir: str | Path, out_path: str | Path, dtype: str = "float32",
+                   max_positions: int | None = None) -> Path:
+    """Export the decoder step of a Hugging Face Llama checkpoint to ONNX (atomically: a reader never sees
+    a half-written file). `max_positions` sizes the RoPE table (default: the checkpoint's context)."""
+    import onnx
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    spec = read_spec(model_dir)
+    max_positions = max_positions or spec.max_position_embeddings
+    module = LlamaStepGraph(spec, load_state_dict(model_dir), DTYPES[dtype], max_positions).eval()
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_path.parent, prefix=".export-") as tmp:
+        traced = Path(tmp) / "traced.onnx"
+        with torch.inference_mode():
+            torch.onnx.export(
+                module, example_inputs(spec, DTYPES[dtype]), str(traced), dynamo=False, input_names=list(INPUTS),
+                output_names=list(OUTPUTS), dynamic_axes=DYNAMIC_AXES, opset_version=OPSET,
+                do_constant_folding=True,
+            )
+        model = onnx.load(str(traced))
+        for key, value in graph_metadata(model_dir, dtype, max_positions).items():
+            model.metadata_props.add(key=META_PREFIX + key, value=value)
+        model.producer_name = "specdec-triton"
+        staged = Path(tmp) / out_path.name
+        large = model.ByteSize() > 1_800_000_000  # protobuf's 2 GiB limit: weights go to a side file
+        onnx.save_model(model, str(staged), save_as_external_data=large, location=out_path.name + ".data")
+        if large:
+            os.replace(Path(tmp) / (out_path.name + ".data"), out_path.parent / (out_path.name + ".data"))
+        os.replace(staged, out_path)
+    return out_path
+
+
+def read_graph_metadata(onnx_path: str | Path) -> dict[str, str]:
+    """The specdec.* metadata of an exported graph (without loading its weights)."""
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    return {p.key[len(META_PREFIX):]: p.value for p in model.metadata_props if p.key.startswith(META_PREFIX)}

@@ -1,0 +1,156 @@
+"""The onnxruntime runtime behaves like the torch runtime behind the engines and the speculative loop, and
+the shared batch layout (specdec.runtime.layout) splits and chunks batches without changing results."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime")
+
+from specdec.engines import DraftEngine, TargetEngine  # noqa: E402
+from specdec.generation import GenerationRequest, GenerationStats, SpeculativeGenerator  # noqa: E402
+from specdec.inprocess import InProcessBackend  # noqa: E402
+from specdec.runtime import build_runtime  # noqa: E402
+from specdec.runtime.base import ForwardItem  # noqa: E402
+from specdec.runtime.layout import plan_batch, split_for_limits  # noqa: E402
+from specdec.runtime.onnx_llama import OnnxLlamaRuntime, resolve_onnx  # noqa: E402
+from specdec.runtime.step_graph import ONNX_FILE  # noqa: E402
+from specdec.runtime.torch_llama import TorchLlamaRuntime  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+TARGET = REPO / "model_repository" / "target_model" / "1"
+DRAFT = REPO / "model_repository" / "draft_model" / "1"
+PROMPTS = [[5, 17, 42], [8, 66, 3, 91, 12, 7, 30], [44], [10, 20, 30, 40, 50, 60, 70, 80]]
+
+
+def generate_all(backend: InProcessBackend, k: int, max_tokens: int = 48) -> list[list[int]]:
+    generator = SpeculativeGenerator(backend, max_context_length=128)
+
+    async def one(prompt: list[int], sequence_id: int) -> list[int]:
+        out: list[int] = []
+        async for update in generator.generate(GenerationRequest(prompt, max_tokens, num_draft_tokens=k),
+                                               sequence_id, GenerationStats()):
+            out.extend(update.token_ids)
+        return out
+
+    async def together() -> list[list[int]]:  # concurrent sequences: batched engine steps
+        return await asyncio.gather(*[one(p, 10 + i) for i, p in enumerate(PROMPTS)])
+
+    return asyncio.run(together())
+
+
+def backend_of(kind: str, target_dir: Path, draft_dir: Path, engine_root: Path) -> InProcessBackend:
+    def runtime(folder: Path, name: str):
+        return build_runtime(kind, folder, num_slots=4, max_length=128, num_threads=1,
+                             engine_dir=engine_root / name if kind == "onnxruntime" else None)
+
+    return InProcessBackend(TargetEngine(runtime(target_dir, "target"), idle_timeout_s=60),
+                            DraftEngine(runtime(draft_dir, "draft"), idle_timeout_s=60))
+
+
+@pytest.mark.parametrize("pair", ["tiny", "committed"])
+def test_speculative_generation_identical_to_torch(tiny_pair, tmp_path, pair):
+    target_dir, draft_dir = tiny_pair if pair == "tiny" else (TARGET, DRAFT)
+    torch_backend = backend_of("torch", target_dir, draft_dir, tmp_path)
+    onnx_backend = backend_of("onnxruntime", target_dir, draft_dir, tmp_path)
+    assert isinstance(onnx_backend.target.runtime, OnnxLlamaRuntime)
+    for k in (0, 4):
+        expected = generate_all(torch_backend, k)
+        assert generate_all(onnx_backend, k) == expected
+        assert all(len(out) == 48 for out in expected)
+    assert onnx_backend.target.slots_in_use == 0 and onnx_backend.draft.slots_in_use == 0
+
+
+def test_split_and_chunked_batches_equal_one_batch(tiny_pair, tmp_path):
+    target_dir, _ = tiny_pair
+    whole = OnnxLlamaRuntime(target_dir, num_slots=3, max_length=64, engine_dir=tmp_path)
+    limited = OnnxLlamaRuntime(target_dir, num_slots=3, max_length=64, engine_dir=tmp_path, max_batch=2,
+                               max_step_tokens=3)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, 96, n) for n in (11, 4, 7)]
+    first = [ForwardItem(i, 0, p, num_logits=min(5, len(p))) for i, p in enumerate(prompts)]
+    for a, b in zip(whole.forward(first), limited.forward(first), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
+    tree = ForwardItem(1, 4, np.array([9, 10, 11]), num_logits=3, tree_parents=np.array([-1, 0, 0]))
+    chain = ForwardItem(0, 11, np.array([12, 13, 14, 15, 16]), num_logits=5)  # chunked: 3 + 2 tokens
+    for a, b in zip(whole.forward([tree, chain]), limited.forward([tree, chain]), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
+    too_big = ForwardItem(2, 7, np.arange(4), num_logits=1, tree_parents=np.array([-1, 0, 1, 2]))
+    with pytest.raises(ValueError, match="tree of 4 tokens"):
+        limited.forward([too_big])
+
+
+def test_split_for_limits_keeps_the_wanted_logits():
+    items = [ForwardItem(0, 0, np.arange(7), num_logits=4), ForwardItem(1, 2, np.arange(2), num_logits=1)]
+    rounds = split_for_limits(items, max_batch=1, max_tokens=3)
+    shapes = [[(p.item_index, p.item.past_length, p.item.num_tokens, p.keep) for p in batch] for batch in rounds]
+    # item 0: chunks of 3, 3, 1 tokens in three rounds; its last 4 logits: all 3 of chunk 2, 1 of chunk 3
+    assert shapes == [[(0, 0, 3, 0)], [(1, 2, 2, 1)], [(0, 3, 3, 3)], [(0, 6, 1, 1)]]
+
+
+@pytest.mark.parametrize("kind", ["torch", "onnxruntime"])
+def test_tree_with_cached_nodes_scores_like_the_whole_tree(tiny_pair, tmp_path, kind):
+    """A tree grown over two calls (the first nodes cached) scores like the whole tree in one call."""
+    target_dir, _ = tiny_pair
+    runtime = (TorchLlamaRuntime(target_dir, num_slots=2, max_length=64, num_threads=1) if kind == "torch"
+               else OnnxLlamaRuntime(target_dir, num_slots=2, max_length=64, engine_dir=tmp_path))
+    prefix = np.array([3, 14, 15, 9, 26])
+    parents = np.array([-1, -1, 0, 1, 2, 3])  # two chains of depth 3, depth-major
+    tokens = np.array([40, 41, 50, 51, 60, 61])
+    for slot in (0, 1):
+        runtime.forward([ForwardItem(slot, 0, prefix)])
+    whole = runtime.forward([ForwardItem(0, 5, tokens, num_logits=6, tree_parents=parents)])[0]
+    runtime.forward([ForwardItem(1, 5, tokens[:2], num_logits=2, tree_parents=parents[:2])])
+    grown = runtime.forward([ForwardItem(1, 5, tokens[2:], num_logits=4, tree_parents=parents,
+                                         num_cached_nodes=2)])[0]
+    np.testing.assert_allclose(grown, whole[2:], atol=1e-4, rtol=1e-4)
+
+
+def test_layout_masks_agree(tiny_pair):
+    items = [ForwardItem(0, 3, np.array([1, 2]), num_logits=2),
+             ForwardItem(1, 1, np.array([4, 5, 6]), num_logits=1, tree_parents=np.array([-1, 0, 0]))]
+    plan = plan_batch(items, max_length=16)
+    cache, concat = plan.cache_mask(), plan.concat_mask(5)
+    assert cache.shape == (2, 3, 5) and concat.shape == (2, 3, 8)
+    # item 0: prefix rows 0..2, then causal; item 1: row 0, then its ancestors.
+    assert cache[0, :2].tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    assert concat[0, :2].tolist() == [[1, 1, 1, 0, 0, 1, 0, 0], [1, 1, 1, 0, 0, 1, 1, 0]]
+    assert concat[1].tolist() == [[1, 0, 0, 0, 0, 1, 0, 0], [1, 0, 0, 0, 0, 1, 1, 0], [1, 0, 0, 0, 0, 1, 0, 1]]
+    assert concat[0, 2].tolist() == [0, 0, 0, 0, 0, 1, 0, 0]  # padding row: the first new token only
+    assert plan.logit_rows.tolist() == [0, 1, 5]
+    assert plan.write_row.tolist() == [3, 4, 1, 2, 3]
+    with pytest.raises(ValueError, match="shorter than a context"):
+        plan.concat_mask(2)
+
+
+def test_export_is_made_once_and_reused(tiny_pair, tmp_path):
+    target_dir, _ = tiny_pair
+    path = resolve_onnx(target_dir, tmp_path / "cache")
+    assert path == tmp_path / "cache" / ONNX_FILE
+    stamp = path.stat().st_mtime_ns
+    assert resolve_onnx(target_dir, tmp_path / "cache") == path and path.stat().st_mtime_ns == stamp
+    path.write_bytes(b"truncated")  # a broken file is rebuilt, never loaded
+    assert resolve_onnx(target_dir, tmp_path / "cache") == path and path.stat().st_size > 1000
+
+
+def test_unwritable_model_folder_falls_back_to_the_user_cache(tiny_pair, tmp_path, monkeypatch):
+    import shutil
+
+    source, _ = tiny_pair
+    model = tmp_path / "model"
+    shutil.copytree(source, model)
+    (model / "onnx").write_text("not a folder")  # <model>/onnx cannot be created (even by root)
+    monkeypatch.setenv("SPECDEC_ONNX_CACHE", str(tmp_path / "user_cache"))
+    path = resolve_onnx(model)
+    assert path.parent.parent == tmp_path / "user_cache" and path.is_file()
+
+
+def test_runtime_names_and_devices(tiny_pair):
+    with pytest.raises(ValueError, match="runs on the CPU"):
+        build_runtime("onnxruntime", tiny_pair[0], num_slots=1, max_length=8, device="cuda")
+    with pytest.raises(ValueError, match="unknown runtime"):
+        build_runtime("tvm", tiny_pair[0], num_slots=1, max_length=8)
