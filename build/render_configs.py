@@ -103,14 +103,32 @@ def speculative_config(dep: dict) -> mc.ModelConfig:
         max_tokens_limit=limits["max_tokens"],
         max_draft_tokens=limits["max_draft_tokens"],
         max_candidates=limits["max_candidates"],
-        default_num_draft_tokens=dep["speculation"]["default_num_draft_tokens"],
+        profiles_file=dep["speculation"]["profiles_file"],
+    )
+    admission = dep["admission"]
+    _queue_policy(cfg, admission)
+    _params(
+        cfg,
+        max_queued_generations=admission["max_queued_generations"],
+        queue_timeout_s=admission["queue_timeout_s"],
+        max_generation_s=admission["max_generation_s"],
     )
     return cfg
 
 
-def text_config(name: str, inputs, outputs, dep: dict, **params: Any) -> mc.ModelConfig:
+def _queue_policy(cfg: mc.ModelConfig, admission: dict) -> None:
+    """A bounded Triton queue: past `max_queue_size` waiting requests, or `queue_timeout_s` waiting, reject."""
+    policy = cfg.dynamic_batching.default_queue_policy
+    policy.max_queue_size = int(admission["max_queue_size"])
+    policy.default_timeout_microseconds = int(admission["queue_timeout_s"] * 1_000_000)
+    policy.timeout_action = mc.ModelQueuePolicy.TimeoutAction.Value("REJECT")
+    policy.allow_timeout_override = True  # a client's shorter request timeout applies
+
+
+def text_config(name: str, inputs, outputs, dep: dict, queued: bool = True, **params: Any) -> mc.ModelConfig:
     cfg = _base(name, 64, inputs, outputs, dep["models"][name])
-    cfg.dynamic_batching.SetInParent()
+    if queued:
+        _queue_policy(cfg, dep["admission"])
     _params(cfg, tokenizer_dir="../target_model/1", **params)
     return cfg
 
@@ -145,7 +163,10 @@ def render(deployment: dict) -> dict[str, mc.ModelConfig]:
                                      max_input_bytes=deployment["limits"]["max_input_bytes"]),
         **{name: decoder_config(name, role, deployment) for name, role in DECODERS.items()},
         "speculative_decoding": speculative_config(deployment),
-        "postprocessing": text_config("postprocessing", c.POSTPROCESSING_INPUTS, c.POSTPROCESSING_OUTPUTS, deployment),
+        # No dynamic batcher in front of postprocessing: it would drop the chunks of a cancelled ensemble
+        # request unseen, and postprocessing is where that cancellation becomes visible (docs/RELIABILITY.md).
+        "postprocessing": text_config("postprocessing", c.POSTPROCESSING_INPUTS, c.POSTPROCESSING_OUTPUTS, deployment,
+                                      queued=False),
         "ensemble": ensemble_config(),
     }
 

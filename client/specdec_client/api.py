@@ -19,12 +19,14 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
 MODEL = "ensemble"
-STAT_NAMES = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_output_tokens")
+STAT_NAMES = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_output_tokens",
+              "fallback_active")
 INPUT_DTYPES = {
     "text_input": np.object_, "max_tokens": np.int32, "stream": np.bool_, "end_id": np.int32, "pad_id": np.int32,
     "temperature": np.float32, "top_k": np.int32, "top_p": np.float32, "seed": np.uint64,
     "min_length": np.int32, "exclude_input_in_output": np.bool_, "num_draft_tokens": np.int32,
     "num_candidates": np.int32, "acceptance": np.object_, "verify_threshold": np.float32, "task": np.object_,
+    "drafter": np.object_, "random_seed": np.uint64,
     "beam_width": np.int32, "return_log_probs": np.bool_,
 }
 

@@ -2,7 +2,11 @@
 
 Used by `make serve` and by the integration tests. Stopping is thorough: SIGTERM to the server, then to
 every model process it started (they live in the server's process group), and removal of the Python
-backend's shared-memory regions that this server created.
+backend's shared-memory regions that this server's processes used (never another server's).
+
+Safe defaults (docs/SECURITY.md): loopback only, model control off, and the admin APIs (model repository,
+shared memory, trace, logging) refused unless the request carries the `specdec-admin-key` header with the
+value of SPECDEC_ADMIN_KEY (a random key per start when unset).
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ import argparse
 import contextlib
 import importlib.util
 import os
+import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -24,6 +30,12 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL_REPOSITORY = REPO_ROOT / "model_repository"
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIX = "triton_python_backend_shm_region_"
+ABANDONED_PREFIX = "specdec_abandoned_"  # specdec.liveness: marks of abandoned generations, one folder per server
+ADMIN_KEY_HEADER = "specdec-admin-key"
+RESTRICTED_APIS = "model-repository,shared-memory,trace,logging"
+# tritonserver 2.51 parses HTTP JSON recursively on its threads' stacks: with the usual 8 MiB a ~200 KB body of
+# nested brackets kills the server; 64 MiB moves that past 1 MB (docs/SECURITY.md: cap bodies in front too).
+STACK_LIMIT_KIB = 65536
 
 
 def pytriton_root() -> Path:
@@ -59,8 +71,26 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _shm_regions() -> set[str]:
-    return {p.name for p in SHM_DIR.glob(SHM_PREFIX + "*")} if SHM_DIR.is_dir() else set()
+def session_processes(session_id: int) -> list[int]:
+    """Pids of the live processes in this session (the server and the model processes it started)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.getsid(int(entry.name)) == session_id:
+                    pids.append(int(entry.name))
+    return pids
+
+
+def own_shm_regions(session_id: int) -> set[str]:
+    """Python-backend shm regions that processes of this session map or were started with."""
+    names: set[str] = set()
+    pattern = re.compile(re.escape(SHM_PREFIX) + r"[\w-]+")
+    for pid in session_processes(session_id):
+        for source in ("maps", "cmdline"):
+            with contextlib.suppress(OSError):
+                names.update(pattern.findall(Path(f"/proc/{pid}/{source}").read_bytes().decode(errors="replace")))
+    return names
 
 
 @dataclass
@@ -75,8 +105,9 @@ class TritonServer:
     log_verbose: int = 0
     log_file: Path | None = None
     extra_args: list[str] = field(default_factory=list)
+    admin_key: str = field(default_factory=lambda: os.environ.get("SPECDEC_ADMIN_KEY") or secrets.token_urlsafe(24))
     process: subprocess.Popen | None = None
-    _shm_before: set[str] = field(default_factory=set)
+    _shm_seen: set[str] = field(default_factory=set)
 
     @property
     def http_url(self) -> str:
@@ -105,16 +136,20 @@ class TritonServer:
             "--allow-gpu-metrics=false",
             "--pinned-memory-pool-byte-size=0",
             "--model-control-mode=none",
+            f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_KEY_HEADER}={self.admin_key}",
+            f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_KEY_HEADER}={self.admin_key}",
             "--exit-timeout-secs=10",
             f"--log-verbose={self.log_verbose}",
             *self.extra_args,
         ]
 
     def start(self, timeout_s: float = 180.0) -> TritonServer:
-        self._shm_before = _shm_regions()
+        self._shm_seen = set()
         stdout = open(self.log_file, "ab") if self.log_file else None  # noqa: SIM115 - kept for the run
+        # `ulimit -s` then exec: the server keeps this pid, and new threads get the larger default stack.
+        launcher = ["/bin/sh", "-c", f'ulimit -s {STACK_LIMIT_KIB} 2>/dev/null; exec "$0" "$@"']
         self.process = subprocess.Popen(
-            self.command(),
+            launcher + self.command(),
             env=server_environment(),
             stdout=stdout,
             stderr=subprocess.STDOUT if stdout else None,
@@ -140,15 +175,23 @@ class TritonServer:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"tritonserver exited with code {self.process.returncode} before READY")
             if self.is_ready():
+                self.note_shm_regions()
                 return
             time.sleep(0.25)
         raise TimeoutError(f"tritonserver not READY after {timeout_s:.0f} s")
+
+    def note_shm_regions(self) -> set[str]:
+        """Remember the shm regions this server's processes use now (stop() removes every one it saw)."""
+        if self.process is not None:
+            self._shm_seen |= own_shm_regions(self.process.pid)
+        return set(self._shm_seen)
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Stop the server, then every process of its session (the model stubs), then its shm regions."""
         proc = self.process
         if proc is None:
             return
+        self.note_shm_regions()
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -159,9 +202,13 @@ class TritonServer:
         # Model stubs share the server's process group (start_new_session above).
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
-        for name in _shm_regions() - self._shm_before:
+        for name in self._shm_seen:
             with contextlib.suppress(FileNotFoundError):
                 (SHM_DIR / name).unlink()
+        with contextlib.suppress(OSError):
+            for mark in (SHM_DIR / f"{ABANDONED_PREFIX}{proc.pid}").iterdir():
+                mark.unlink()
+            (SHM_DIR / f"{ABANDONED_PREFIX}{proc.pid}").rmdir()
         self.process = None
 
     def __enter__(self) -> TritonServer:

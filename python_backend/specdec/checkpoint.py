@@ -60,7 +60,7 @@ class LlamaSpec:
 
 
 def read_spec(model_dir: str | Path) -> LlamaSpec:
-    return LlamaSpec.from_config(json.loads((Path(model_dir) / "config.json").read_text()))
+    return LlamaSpec.from_config(json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8")))
 
 
 def load_state_dict(model_dir: str | Path) -> dict[str, torch.Tensor]:

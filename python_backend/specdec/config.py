@@ -88,7 +88,7 @@ class SpeculationConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> SpeculationConfig:
-        return cls.from_dict(yaml.safe_load(Path(path).read_text()) or {})
+        return cls.from_dict(yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {})
 
 
 @dataclass(frozen=True)

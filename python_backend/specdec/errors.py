@@ -25,3 +25,7 @@ class CapacityError(SpecDecError):
 
 class SequenceStateError(SpecDecError):
     """A step arrived for a sequence whose KV slot does not exist (expired or never started)."""
+
+
+class DeadlineExceededError(CapacityError):
+    """A generation ran past its deadline (the server's limit or the request's timeout); maps to UNAVAILABLE."""

@@ -13,10 +13,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specdec.acceptance import ACCEPTANCE_MODES
+from specdec.config import DRAFTERS, TASKS
 from specdec.errors import InvalidRequestError, UnsupportedError
+from specdec.sampling import SamplingParams
 
-ACCEPTANCE_MODES = ("greedy",)
-TASKS = ("auto", "json", "code", "text")
+REQUEST_TASKS = ("auto", *TASKS)
+MAX_TOP_K = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -24,19 +27,24 @@ class ServerLimits:
     max_tokens_limit: int = 1024
     max_draft_tokens: int = 16
     max_candidates: int = 8
-    default_num_draft_tokens: int = 6
 
 
 @dataclass
 class RequestOptions:
+    """A request's parameters; None means "as the task's profile says"."""
+
     max_tokens: int
     stream: bool = False
     end_id: int | None = None
     min_length: int = 0
-    num_draft_tokens: int = 6
     exclude_input_in_output: bool = False
     task: str = "auto"
-    acceptance: str = "greedy"
+    num_draft_tokens: int | None = None
+    num_candidates: int | None = None
+    acceptance: str | None = None
+    verify_threshold: float | None = None
+    drafter: str | None = None
+    sampling: SamplingParams = SamplingParams()
 
 
 def _scalar(inputs: Mapping[str, np.ndarray], name: str) -> object | None:
@@ -76,7 +84,7 @@ def _float(inputs: Mapping[str, np.ndarray], name: str) -> float | None:
     return value
 
 
-def _choice(inputs: Mapping[str, np.ndarray], name: str, choices: tuple[str, ...], default: str) -> str:
+def _choice(inputs: Mapping[str, np.ndarray], name: str, choices: tuple[str, ...], default: str | None) -> str | None:
     try:
         value = _scalar(inputs, name)
     except UnicodeDecodeError as exc:
@@ -107,30 +115,38 @@ def parse_request(inputs: Mapping[str, np.ndarray], limits: ServerLimits) -> Req
         _require_default(inputs, name, 1.0, name)
     for name in ("presence_penalty", "frequency_penalty"):
         _require_default(inputs, name, 0.0, name)
-    temperature = _float(inputs, "temperature")
-    if temperature is not None and temperature < 0:
-        raise InvalidRequestError("temperature", f"must be >= 0, got {temperature}")
-    top_k = _int(inputs, "top_k", 0, 1 << 30, 0) or 0
-    top_p = _float(inputs, "top_p")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise InvalidRequestError("top_p", f"must be in (0, 1], got {top_p}")
-    sampling = (temperature not in (None, 0.0)) and top_k != 1
-    if sampling:
-        raise UnsupportedError("temperature", "sampling (temperature > 0) is not supported yet; use 0 (greedy)")
     for name in ("stop_words", "bad_words"):
         value = inputs.get(name)
         if value is not None and any(np.asarray(value).reshape(-1)):
             raise UnsupportedError(name, f"{name} is not supported yet")
-    _int(inputs, "num_candidates", 1, limits.max_candidates, 1)
-    _float(inputs, "verify_threshold")
+    verify_threshold = _float(inputs, "verify_threshold")
+    if verify_threshold is not None and not 0 < verify_threshold <= 1:
+        raise InvalidRequestError("verify_threshold", f"must be in (0, 1], got {verify_threshold}")
     return RequestOptions(
         max_tokens=max_tokens,
         stream=_bool(inputs, "stream", False),
         end_id=_int(inputs, "end_id", -1, 1 << 31, None),
         min_length=_int(inputs, "min_length", 0, limits.max_tokens_limit, 0) or 0,
-        num_draft_tokens=_int(inputs, "num_draft_tokens", 0, limits.max_draft_tokens,
-                              limits.default_num_draft_tokens),
         exclude_input_in_output=_bool(inputs, "exclude_input_in_output", False),
-        task=_choice(inputs, "task", TASKS, "auto"),
-        acceptance=_choice(inputs, "acceptance", ACCEPTANCE_MODES, "greedy"),
+        task=_choice(inputs, "task", REQUEST_TASKS, "auto") or "auto",
+        num_draft_tokens=_int(inputs, "num_draft_tokens", 0, limits.max_draft_tokens, None),
+        num_candidates=_int(inputs, "num_candidates", 1, limits.max_candidates, None),
+        acceptance=_choice(inputs, "acceptance", ACCEPTANCE_MODES, None),
+        verify_threshold=verify_threshold,
+        drafter=_choice(inputs, "drafter", DRAFTERS, None),
+        sampling=parse_sampling(inputs),
     )
+
+
+def parse_sampling(inputs: Mapping[str, np.ndarray]) -> SamplingParams:
+    temperature = _float(inputs, "temperature")
+    if temperature is not None and not 0 <= temperature <= 100:
+        raise InvalidRequestError("temperature", f"must be in [0, 100], got {temperature}")
+    top_k = _int(inputs, "top_k", 0, MAX_TOP_K, 0) or 0
+    top_p = _float(inputs, "top_p")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise InvalidRequestError("top_p", f"must be in (0, 1], got {top_p}")
+    seed = _int(inputs, "seed", 0, (1 << 64) - 1, None)
+    if seed is None:
+        seed = _int(inputs, "random_seed", 0, (1 << 64) - 1, None)
+    return SamplingParams(temperature or 0.0, top_k, 1.0 if top_p is None else top_p, seed)

@@ -13,7 +13,8 @@ class TextTokenizer:
     def __init__(self, model_dir: str | Path) -> None:
         model_dir = Path(model_dir)
         self._tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        config = json.loads((model_dir / "config.json").read_text()) if (model_dir / "config.json").exists() else {}
+        config_path = model_dir / "config.json"
+        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.exists() else {}
         eos = config.get("eos_token_id")
         self.end_ids: frozenset[int] = frozenset(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         self.vocab_size = self._tokenizer.get_vocab_size()

@@ -34,6 +34,15 @@ class BlsModelBackend:
             inputs.append(value_tensor("num_logits", step.num_logits, np.int32))
         if step.num_draft_tokens:
             inputs.append(value_tensor("num_draft_tokens", step.num_draft_tokens, np.int32))
+        if step.num_candidates != 1:
+            inputs.append(value_tensor("num_candidates", step.num_candidates, np.int32))
+        sampling = step.sampling
+        if not sampling.greedy:
+            inputs += [value_tensor("temperature", sampling.temperature, np.float32),
+                       value_tensor("top_k", sampling.top_k, np.int32),
+                       value_tensor("top_p", sampling.top_p, np.float32)]
+            if sampling.seed is not None:
+                inputs.append(value_tensor("seed", sampling.seed, np.uint64))
         if step.tree_parents is not None:
             inputs.append(ids_tensor("tree_parents", step.tree_parents))
         if step.commit_rows is not None:

@@ -50,12 +50,14 @@ PUBLIC_INPUTS = (
     TensorSpec("acceptance", "STRING", optional=True),
     TensorSpec("verify_threshold", "FP32", optional=True),
     TensorSpec("task", "STRING", optional=True),
+    TensorSpec("drafter", "STRING", optional=True),
 )
 STATS_OUTPUTS = (
     TensorSpec("acceptance_rate", "FP32"),
     TensorSpec("total_accepted_draft_tokens", "INT32"),
     TensorSpec("total_draft_tokens", "INT32"),
     TensorSpec("num_output_tokens", "INT32"),
+    TensorSpec("fallback_active", "BOOL"),
 )
 PUBLIC_OUTPUTS = (TensorSpec("text_output", "STRING"), *STATS_OUTPUTS)
 
@@ -66,7 +68,10 @@ PREPROCESSING_OUTPUTS = (TensorSpec("input_ids", "INT32", (-1,)), TensorSpec("in
 # ---- speculative_decoding: token ids in, token chunks out ----
 GENERATION_INPUTS = (*PREPROCESSING_OUTPUTS, *PUBLIC_INPUTS[1:])
 TOKEN_OUTPUTS = (TensorSpec("output_ids", "INT32", (-1,)), TensorSpec("prefix_ids", "INT32", (-1,)))
-GENERATION_OUTPUTS = (*TOKEN_OUTPUTS, *STATS_OUTPUTS)
+# Names the generation a chunk belongs to, so postprocessing can report it abandoned when the ensemble's client
+# is gone (cancellation does not reach speculative_decoding through an ensemble on Triton 2.51).
+GENERATION_ID = TensorSpec("generation_id", "UINT64", optional=True)
+GENERATION_OUTPUTS = (*TOKEN_OUTPUTS, *STATS_OUTPUTS, GENERATION_ID)
 
 # ---- postprocessing: token chunks in, text out; statistics pass through ----
 POSTPROCESSING_INPUTS = GENERATION_OUTPUTS
@@ -81,7 +86,15 @@ DECODER_INPUTS = (
     TensorSpec("commit_base", "INT32", optional=True),
     TensorSpec("commit_rows", "INT32", (-1,), optional=True, ragged=True),
 )
-DRAFT_INPUTS = (*DECODER_INPUTS, TensorSpec("num_draft_tokens", "INT32", optional=True))
+DRAFT_INPUTS = (
+    *DECODER_INPUTS,
+    TensorSpec("num_draft_tokens", "INT32", optional=True),
+    TensorSpec("num_candidates", "INT32", optional=True),
+    TensorSpec("temperature", "FP32", optional=True),
+    TensorSpec("top_k", "INT32", optional=True),
+    TensorSpec("top_p", "FP32", optional=True),
+    TensorSpec("seed", "UINT64", optional=True),
+)
 DECODER_OUTPUTS = (TensorSpec("token_ids", "INT32", (-1,)), TensorSpec("logits", "FP32", (-1, -1)))
 
 # Sequence-batcher control tensors delivered to target_model / draft_model.

@@ -14,10 +14,18 @@ from specdec.engines import DraftEngine, StepRequest, StepResult, TargetEngine
 from specdec.errors import InvalidRequestError
 from specdec.metrics import ProcessMetrics
 from specdec.runtime import build_runtime
+from specdec.sampling import SamplingParams
 
 from specdec_triton import contract as c
 from specdec_triton.metrics import TritonMetricSink
-from specdec_triton.tensors import error_response, ids_tensor, model_dir, model_parameters, scalar
+from specdec_triton.tensors import (
+    check_token_ids,
+    error_response,
+    ids_tensor,
+    model_dir,
+    model_parameters,
+    scalar,
+)
 
 
 def read_step(request: Any) -> StepRequest:
@@ -39,6 +47,9 @@ def read_step(request: Any) -> StepRequest:
         commit_base=int(scalar(request, "commit_base", 0)),
         commit_rows=ids("commit_rows"),
         num_draft_tokens=int(scalar(request, "num_draft_tokens", 0)),
+        num_candidates=int(scalar(request, "num_candidates", 1)),
+        sampling=SamplingParams(float(scalar(request, "temperature", 0.0)), int(scalar(request, "top_k", 0)),
+                                float(scalar(request, "top_p", 1.0)), scalar(request, "seed", None)),
         want_logits="logits" in request.requested_output_names(),
     )
 
@@ -77,7 +88,9 @@ class DecoderModel:
         steps, positions = [], []
         for i, request in enumerate(requests):
             try:
-                steps.append(read_step(request))
+                step = read_step(request)
+                check_token_ids(step.input_ids, self.engine.runtime.vocab_size)
+                steps.append(step)
                 positions.append(i)
             except Exception as exc:  # malformed call: answer it, serve the others
                 responses[i] = error_response(exc)

@@ -52,6 +52,12 @@ def value_tensor(name: str, value: Any, dtype: Any) -> Any:
     return pb_utils.Tensor(name, np.asarray([[value]], dtype=dtype))
 
 
+def check_token_ids(ids: np.ndarray, vocab_size: int, name: str = "input_ids") -> None:
+    """Token ids from a request must index the vocabulary (an out-of-range id would fail a whole batch)."""
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise InvalidRequestError(name, f"token ids must be in [0, {vocab_size})")
+
+
 def error_response(exc: BaseException) -> Any:
     """An error response whose code tells the client whose fault it is."""
     if isinstance(exc, InvalidRequestError):

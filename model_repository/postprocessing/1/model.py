@@ -1,10 +1,16 @@
-"""postprocessing: a chunk of output ids (with left context ids) -> text_output; statistics pass through."""
+"""postprocessing: a chunk of output ids (with left context ids) -> text_output; statistics pass through.
+
+It is also where a cancelled ensemble request becomes visible (Triton 2.51 creates every later step of a
+cancelled ensemble request cancelled): the chunk's generation is marked abandoned so that speculative_decoding
+stops it at its next iteration (specdec.liveness).
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from specdec.detokenize import decode_chunk
+from specdec.liveness import AbandonedGenerations
 from specdec.tokenizer import TextTokenizer
 from specdec_triton.contract import STATS_OUTPUTS
 from specdec_triton.tensors import error_response, model_parameters, tokenizer_dir
@@ -13,10 +19,18 @@ from specdec_triton.tensors import error_response, model_parameters, tokenizer_d
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         self.tokenizer = TextTokenizer(tokenizer_dir(args, model_parameters(args)))
+        self.abandoned = AbandonedGenerations.for_this_server()
 
     def execute(self, requests: list) -> list:
         responses = []
         for request in requests:
+            if request.is_cancelled():
+                generation_id = pb_utils.get_input_tensor_by_name(request, "generation_id")
+                if generation_id is not None:
+                    self.abandoned.mark(int(generation_id.as_numpy().reshape(-1)[0]))
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    "the client cancelled the request", pb_utils.TritonError.CANCELLED)))
+                continue
             try:
                 def ids(name: str, req=request) -> list[int]:
                     tensor = pb_utils.get_input_tensor_by_name(req, name)

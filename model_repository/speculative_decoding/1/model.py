@@ -12,9 +12,14 @@ from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from specdec.adaptive import CostModel
+from specdec.admission import Admission, CancelledWhileQueued
+from specdec.config import SpeculationConfig, resolve
 from specdec.detokenize import IncrementalDetokenizer
-from specdec.errors import InvalidRequestError
+from specdec.errors import DeadlineExceededError, InvalidRequestError
+from specdec.fallback import FallbackMonitor
 from specdec.generation import GenerationRequest, GenerationStats, SpeculativeGenerator
+from specdec.liveness import AbandonedGenerations, StopCheck, generation_deadline_s
 from specdec.metrics import UNKNOWN_TASK, GenerationMetrics, ProcessMetrics, RequestTimer
 from specdec.params import ServerLimits, parse_request
 from specdec.tokenizer import TextTokenizer
@@ -22,8 +27,10 @@ from specdec_triton.bls import BlsModelBackend
 from specdec_triton.contract import GENERATION_INPUTS
 from specdec_triton.metrics import TritonMetricSink
 from specdec_triton.tensors import (
+    check_token_ids,
     error_response,
     ids_tensor,
+    model_dir,
     model_parameters,
     read_inputs,
     tokenizer_dir,
@@ -39,12 +46,14 @@ def stats_tensors(stats: GenerationStats) -> list[Any]:
         value_tensor("total_accepted_draft_tokens", stats.accepted_draft_tokens, np.int32),
         value_tensor("total_draft_tokens", stats.draft_tokens, np.int32),
         value_tensor("num_output_tokens", stats.output_tokens, np.int32),
+        value_tensor("fallback_active", stats.fallback_active, np.bool_),
     ]
 
 
-def chunk_response(prefix: list[int], chunk: list[int], stats: GenerationStats) -> Any:
+def chunk_response(prefix: list[int], chunk: list[int], stats: GenerationStats, generation_id: int) -> Any:
     return pb_utils.InferenceResponse([ids_tensor("output_ids", chunk), ids_tensor("prefix_ids", prefix),
-                                       *stats_tensors(stats)])
+                                       *stats_tensors(stats),
+                                       pb_utils.Tensor("generation_id", np.array([[generation_id]], np.uint64))])
 
 
 class TritonPythonModel:
@@ -55,11 +64,17 @@ class TritonPythonModel:
             max_tokens_limit=int(params["max_tokens_limit"]),
             max_draft_tokens=int(params["max_draft_tokens"]),
             max_candidates=int(params["max_candidates"]),
-            default_num_draft_tokens=int(params["default_num_draft_tokens"]),
         )
-        self.generator = SpeculativeGenerator(BlsModelBackend(), int(params["max_context_length"]))
-        # At most as many live generations as KV slots: the rest wait here, not inside the decoders.
-        self.slots = asyncio.Semaphore(int(params["max_concurrent_sequences"]))
+        self.speculation = SpeculationConfig.load(model_dir(args) / params["profiles_file"])
+        # Shared by this instance's requests: fallback state per task, and the measured call costs.
+        monitors = {task: FallbackMonitor(task, self.speculation.fallback) for task in self.speculation.profiles}
+        self.generator = SpeculativeGenerator(BlsModelBackend(), int(params["max_context_length"]),
+                                              costs=CostModel(), monitors=monitors)
+        # At most as many live generations as KV slots: the rest wait here (bounded), not inside the decoders.
+        self.admission = Admission(int(params["max_concurrent_sequences"]), int(params["max_queued_generations"]),
+                                   float(params["queue_timeout_s"]))
+        self.max_generation_s = float(params["max_generation_s"])
+        self.abandoned = AbandonedGenerations.for_this_server()  # marked by postprocessing (specdec.liveness)
         self.metric_sink = TritonMetricSink()
         self.metrics = GenerationMetrics(self.metric_sink, args["model_name"], args["model_instance_name"])
         self.process_metrics = ProcessMetrics(self.metric_sink, args["model_name"], args["model_instance_name"])
@@ -73,23 +88,35 @@ class TritonPythonModel:
         try:
             inputs = read_inputs(request, GENERATION_INPUTS)
             options = parse_request(inputs, self.limits)
-            timer.task = options.task
             if "input_ids" not in inputs:
                 raise InvalidRequestError("input_ids", "is required")
-            prompt = inputs["input_ids"].reshape(-1).astype(np.int64).tolist()
+            prompt_ids = inputs["input_ids"].reshape(-1).astype(np.int64)
+            check_token_ids(prompt_ids, self.tokenizer.vocab_size)
+            prompt = prompt_ids.tolist()
+            settings = resolve(
+                self.speculation, options.task, self.tokenizer.decode(prompt) if options.task == "auto" else None,
+                num_draft_tokens=options.num_draft_tokens, num_candidates=options.num_candidates,
+                acceptance=options.acceptance, verify_threshold=options.verify_threshold, drafter=options.drafter,
+                sampling=not options.sampling.greedy,
+            )
+            timer.task = settings.task
             end_ids = frozenset([options.end_id]) if options.end_id is not None else self.tokenizer.end_ids
-            generation = GenerationRequest(prompt, options.max_tokens, end_ids, options.num_draft_tokens,
-                                           min_tokens=options.min_length)
+            generation = GenerationRequest(prompt, options.max_tokens, end_ids, min_tokens=options.min_length,
+                                           settings=settings, sampling=options.sampling)
             self.generator.validate(generation)
-            async with self.slots:
+            deadline_s = generation_deadline_s(self.max_generation_s, request.timeout())
+            async with self.admission.slot(sender.is_cancelled):
                 self.metrics.begin_generation()
                 try:
                     reason = await self._generate(sender, generation, options.stream,
-                                                  options.exclude_input_in_output, timer)
+                                                  options.exclude_input_in_output, timer, deadline_s)
                 finally:
                     self.metrics.end_generation()
             self.metrics.finish(timer, reason or "cancelled")
             self.process_metrics.update()
+        except CancelledWhileQueued as exc:
+            self.metrics.finish(timer, "cancelled")
+            sender.send(error_response(exc), flags=FINAL)
         except Exception as exc:
             self.metrics.finish(timer, "error", error=exc)
             if not isinstance(exc, InvalidRequestError):
@@ -97,14 +124,34 @@ class TritonPythonModel:
             sender.send(error_response(exc), flags=FINAL)
 
     async def _generate(self, sender: Any, generation: GenerationRequest, stream: bool, exclude_input: bool,
-                        timer: RequestTimer) -> str | None:
+                        timer: RequestTimer, deadline_s: float | None) -> str | None:
         """Run the generator and send its responses; returns the finish reason."""
         stats = timer.stats = GenerationStats()
         reason = None
         sequence_id = secrets.randbits(63) or 1
+        stop = StopCheck(sender.is_cancelled, self.abandoned, sequence_id, deadline_s)
+        try:
+            reason = await self._stream(sender, generation, stream, exclude_input, timer, sequence_id, stop)
+        finally:
+            if stop.reason is not None:  # the generator has ENDed its sequences: the KV slots are free
+                self.abandoned.clear(sequence_id)
+                self.abandoned.sweep()
+                pb_utils.Logger.log_info(f"speculative_decoding: generation {sequence_id} stopped ({stop.reason}) "
+                                         f"after {stats.output_tokens} tokens, {stop.elapsed_s():.2f} s")
+        if stop.reason == "deadline":
+            raise DeadlineExceededError(f"generation stopped at its deadline of {deadline_s:g} s after "
+                                        f"{stats.output_tokens} tokens")
+        return reason
+
+    async def _stream(self, sender: Any, generation: GenerationRequest, stream: bool, exclude_input: bool,
+                      timer: RequestTimer, sequence_id: int, stop: StopCheck) -> str | None:
+        stats = timer.stats
+        reason = None
         detokenizer = IncrementalDetokenizer(self.tokenizer.decode) if stream else None
         output: list[int] = []
-        async for update in self.generator.generate(generation, sequence_id, stats, sender.is_cancelled):
+        async for update in self.generator.generate(generation, sequence_id, stats, stop):
+            if stop.reason == "deadline":
+                continue  # the last update; the caller answers with an error instead
             timer.tokens(len(update.token_ids))
             reason = update.finish_reason
             output.extend(update.token_ids)
@@ -115,13 +162,14 @@ class TritonPythonModel:
                 piece = detokenizer.flush()
             if update.finished:
                 prefix, chunk = piece or ([], [])
-                sender.send(chunk_response(prefix, chunk, stats), flags=FINAL)
+                sender.send(chunk_response(prefix, chunk, stats, sequence_id), flags=FINAL)
             elif piece is not None:
-                sender.send(chunk_response(*piece, stats))
-        if detokenizer is None:
+                sender.send(chunk_response(*piece, stats, sequence_id))
+        if detokenizer is None and stop.reason != "deadline":
             ids = output if exclude_input else generation.prompt_ids + output
-            sender.send(chunk_response([], ids, stats), flags=FINAL)
+            sender.send(chunk_response([], ids, stats, sequence_id), flags=FINAL)
         return reason
 
     def finalize(self) -> None:
         self.metric_sink.close()
+        self.abandoned.remove_all()
