@@ -37,7 +37,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # --------------------------------------------------------------------------------------------- data
 def tokenize_split(tokenizer, path: Path, cache_dir: Path) -> np.ndarray:
-    """Return the ``<s> doc </s>`` token stream of a JSONL split as uint16, cached by content hash."""
+    """Return the ``<s> doc </s>`` token stream of a JSONL split as uint16, cached by content hash.
+
+    Documents with an ``ids`` field are taken as already tokenised."""
     tok_json = Path(tokenizer.name_or_path) / "tokenizer.json"
     h = hashlib.sha256(path.read_bytes())
     if tok_json.exists():
@@ -49,10 +51,15 @@ def tokenize_split(tokenizer, path: Path, cache_dir: Path) -> np.ndarray:
     ids: list[int] = []
     eos = tokenizer.eos_token_id
     for start in range(0, len(docs), 256):
-        enc = tokenizer([d["text"] for d in docs[start:start + 256]], add_special_tokens=True)["input_ids"]
+        chunk = docs[start:start + 256]
+        if all("ids" in d for d in chunk):  # pre-tokenised (build/greedy_corpus.py)
+            enc = [list(d["ids"]) for d in chunk]
+        else:
+            enc = tokenizer([d["text"] for d in chunk], add_special_tokens=True)["input_ids"]
         for seq in enc:
             ids.extend(seq)
-            ids.append(eos)
+            if not seq or seq[-1] != eos:
+                ids.append(eos)
     arr = np.asarray(ids, dtype=np.uint16)
     cache_dir.mkdir(parents=True, exist_ok=True)
     np.save(cache, arr)
@@ -103,25 +110,45 @@ def make_config(args: argparse.Namespace, tokenizer):
     )
 
 
-def lm_loss(model, batch: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross entropy of ``batch`` (``[B, T+1]``)."""
+def lm_loss(model, batch: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean cross entropy of ``batch`` (``[B, T+1]``) against the next tokens, or against ``labels`` (``[B, T]``)."""
     logits = model(input_ids=batch[:, :-1]).logits
-    return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+    target = batch[:, 1:] if labels is None else labels
+    return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target.reshape(-1))
 
 
 @torch.no_grad()
-def evaluate(model, windows: dict[str, torch.Tensor], micro: int) -> dict[str, float]:
-    """Held-out loss per domain."""
+def teacher_labels(teacher, batch: torch.Tensor, micro: int) -> torch.Tensor:
+    """The teacher's argmax at every position of ``batch[:, :-1]`` (hard distillation labels)."""
+    out = []
+    for i in range(0, len(batch), micro):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out.append(teacher(input_ids=batch[i:i + micro, :-1]).logits.argmax(-1))
+    return torch.cat(out)
+
+
+@torch.no_grad()
+def evaluate(model, windows: dict[str, torch.Tensor], micro: int, teacher=None) -> dict[str, float]:
+    """Held-out next-token loss per domain (and, with a teacher, argmax agreement ``<domain>_agree``)."""
     model.eval()
     out = {}
     for name, w in windows.items():
-        tot, n = 0.0, 0
+        tot, n, agree, seen = 0.0, 0, 0, 0
         for i in range(0, len(w), micro):
+            mb = w[i:i + micro]
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = lm_loss(model, w[i:i + micro])
-            tot += float(loss) * len(w[i:i + micro])
-            n += len(w[i:i + micro])
+                logits = model(input_ids=mb[:, :-1]).logits
+                if teacher is not None:
+                    t = teacher(input_ids=mb[:, :-1]).logits.argmax(-1)
+                    agree += int((logits.argmax(-1) == t).sum())
+                    seen += t.numel()
+            loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                                                     mb[:, 1:].reshape(-1))
+            tot += float(loss) * len(mb)
+            n += len(mb)
         out[name] = round(tot / n, 4)
+        if teacher is not None:
+            out[f"{name}_agree"] = round(agree / seen, 4)
     model.train()
     return out
 
@@ -140,7 +167,6 @@ def save_hf(model, tokenizer, out: Path) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     m = copy.deepcopy(model).to(torch.bfloat16)
-    m.config.torch_dtype = "bfloat16"
     m.generation_config.bos_token_id = tokenizer.bos_token_id
     m.generation_config.eos_token_id = tokenizer.eos_token_id
     m.generation_config.pad_token_id = tokenizer.pad_token_id
@@ -169,6 +195,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--init-from", type=Path, default=None,
                     help="HF folder to initialise from (same shapes; or embeddings only with --init-embed-only)")
     ap.add_argument("--init-embed-only", action="store_true")
+    ap.add_argument("--teacher", type=Path, default=None,
+                    help="HF folder of a teacher (the target): train on its argmax instead of the next token")
+    ap.add_argument("--teacher-frac", type=float, default=1.0,
+                    help="with --teacher: weight of the teacher-argmax loss (the rest is next-token loss)")
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--batch", type=int, default=16, help="sequences per optimizer step")
@@ -209,7 +239,7 @@ def main(argv: list[str] | None = None) -> dict:
     config = make_config(args, tokenizer)
     model = LlamaForCausalLM(config)
     if args.init_from is not None:
-        src = LlamaForCausalLM.from_pretrained(str(args.init_from), torch_dtype=torch.float32)
+        src = LlamaForCausalLM.from_pretrained(str(args.init_from), dtype=torch.float32)
         if args.init_embed_only:
             model.get_input_embeddings().weight.data.copy_(src.get_input_embeddings().weight.data)
             if not config.tie_word_embeddings:
@@ -217,6 +247,9 @@ def main(argv: list[str] | None = None) -> dict:
         else:
             model.load_state_dict(src.state_dict())
     model.float().train()
+    teacher = None
+    if args.teacher is not None:
+        teacher = LlamaForCausalLM.from_pretrained(str(args.teacher), dtype=torch.float32).eval()
     n_params = sum(p.numel() for p in model.parameters())
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
@@ -248,7 +281,8 @@ def main(argv: list[str] | None = None) -> dict:
         os.replace(tmp, state_path)
 
     if step == 0:
-        log({"step": 0, "params": n_params, "config": config.to_dict(), "eval": evaluate(model, valid, args.micro)})
+        first = evaluate(model, valid, args.micro, teacher)
+        log({"step": 0, "params": n_params, "config": config.to_dict(), "eval": first})
     bar = tqdm(total=args.steps, initial=step, disable=not args.progress, dynamic_ncols=True, mininterval=2)
     loss_ema = None
     while step < args.steps:
@@ -256,12 +290,19 @@ def main(argv: list[str] | None = None) -> dict:
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args)
         batch = batches.get(step)
+        labels = teacher_labels(teacher, batch, args.micro) if teacher is not None else None
         opt.zero_grad(set_to_none=True)
         total = 0.0
         for i in range(0, args.batch, args.micro):
             mb = batch[i:i + args.micro]
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
-                loss = lm_loss(model, mb)
+                if labels is None:
+                    loss = lm_loss(model, mb)
+                else:
+                    w = args.teacher_frac
+                    loss = w * lm_loss(model, mb, labels[i:i + args.micro])
+                    if w < 1.0:
+                        loss = loss + (1 - w) * lm_loss(model, mb)
             (loss * len(mb) / args.batch).backward()
             total += float(loss.detach()) * len(mb) / args.batch
         gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
@@ -274,7 +315,7 @@ def main(argv: list[str] | None = None) -> dict:
         bar.set_postfix(loss=f"{loss_ema:.3f}", tok_s=f"{tokens_seen / max(elapsed, 1e-9):.0f}")
         rec: dict = {}
         if step % args.eval_every == 0 or step == args.steps:
-            rec["eval"] = evaluate(model, valid, args.micro)
+            rec["eval"] = evaluate(model, valid, args.micro, teacher)
         if step % 50 == 0 or rec:
             rec.update(step=step, loss=round(total, 4), loss_ema=round(loss_ema, 4), lr=lr_at(step - 1, args),
                        grad_norm=round(gnorm, 3), tokens_seen=tokens_seen, elapsed_s=round(elapsed, 1))
@@ -284,7 +325,7 @@ def main(argv: list[str] | None = None) -> dict:
         if step % args.ckpt_every == 0 or step == args.steps:
             checkpoint()
     bar.close()
-    final = evaluate(model, valid, args.micro)
+    final = evaluate(model, valid, args.micro, teacher)
     save_hf(model, tokenizer, args.out / "hf")
     summary = {"params": n_params, "steps": step, "tokens_seen": tokens_seen, "train_time_s": round(elapsed, 1),
                "held_out_loss": final, "config": config.to_dict()}

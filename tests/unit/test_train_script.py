@@ -18,6 +18,7 @@ BUILD = Path(__file__).resolve().parents[2] / "build"
 sys.path.insert(0, str(BUILD))
 
 import corpora  # noqa: E402
+import greedy_corpus  # noqa: E402
 import import_checkpoint  # noqa: E402
 import tokenizer as tokmod  # noqa: E402
 import train  # noqa: E402
@@ -93,6 +94,23 @@ def test_train_runs_logs_and_resumes(tiny) -> None:
     assert model.config.num_hidden_layers == 2
     assert model.config.eos_token_id == tok.eos_token_id
     assert str(next(model.parameters()).dtype) == "torch.bfloat16"
+
+
+def test_draft_on_teacher_argmax_and_greedy_corpus(tiny) -> None:
+    teacher = tiny["root"] / "teacher"
+    train.main(_train_args(tiny, teacher, layers=2, steps=2))
+    greedy = tiny["root"] / "greedy"
+    greedy_corpus.main(["--target", str(teacher / "hf"), "--corpora", str(tiny["corpora"]), "--out", str(greedy),
+                        "--sequences", "4", "--batch", "2", "--gen-tokens", "12"])
+    docs = corpora.read_jsonl(greedy / "json" / "train.jsonl") + corpora.read_jsonl(greedy / "json" / "valid.jsonl")
+    assert len(docs) == 4
+    assert all(d["ids"][0] == 1 and len(d["ids"]) > 8 for d in docs)
+    out = tiny["root"] / "draft"
+    args = _train_args(tiny, out, layers=1, steps=2)
+    args[args.index(str(tiny["corpora"]))] = str(greedy)
+    final = train.main(args + ["--teacher", str(teacher / "hf"), "--seq-len", "16"])
+    assert {f"{d}_agree" for d in corpora.DOMAINS} <= set(final)
+    assert all(0.0 <= final[f"{d}_agree"] <= 1.0 for d in corpora.DOMAINS)
 
 
 def test_same_seed_same_batches(tiny) -> None:
