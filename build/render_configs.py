@@ -56,9 +56,9 @@ def decoder_config(name: str, role: str, dep: dict) -> mc.ModelConfig:
     model = dep["models"][name]
     kv = dep["kv_cache"]
     runtime = model.get("runtime", dep.get("runtime", "torch"))
-    kind = model.get("kind", "KIND_CPU")
-    if kind not in RUNTIME_KINDS.get(runtime, ()):
-        raise ValueError(f"{name}: runtime {runtime!r} cannot run on {kind} (runtimes: {RUNTIME_KINDS})")
+    instance_kind = model.get("kind", "KIND_CPU")
+    if instance_kind not in RUNTIME_KINDS.get(runtime, ()):
+        raise ValueError(f"{name}: runtime {runtime!r} cannot run on {instance_kind} (runtimes: {RUNTIME_KINDS})")
     num_slots = int(model.get("num_slots", kv["num_slots"]))  # KV slots per instance = max batch
     inputs = c.DRAFT_INPUTS if role == "draft" else c.DECODER_INPUTS
     cfg = _base(name, num_slots, inputs, c.DECODER_OUTPUTS, model)
@@ -79,7 +79,7 @@ def decoder_config(name: str, role: str, dep: dict) -> mc.ModelConfig:
         cfg,
         role=role,
         runtime=runtime,
-        device=model.get("device", "cuda" if kind == "KIND_GPU" else "cpu"),
+        device=model.get("device", "cuda" if instance_kind == "KIND_GPU" else "cpu"),
         num_slots=num_slots,
         max_length=kv["max_length"],
         idle_timeout_s=kv["idle_timeout_s"],
