@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +17,9 @@ from specdec.rejection_sampler import rejection_verify
 from specdec.runtime.base import ForwardItem
 from specdec.runtime.torch_llama import TorchLlamaRuntime
 from specdec.sampling import SamplingParams, probabilities, sample
+from specdec.tokenizer import TextTokenizer
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 PROMPTS = [[5, 17, 42], [8, 66, 3, 91, 12, 7, 30], [10, 20, 30, 40, 50, 60, 70, 80]]
 
@@ -109,11 +113,11 @@ def test_typical_acceptance_accepts_at_least_what_greedy_accepts(backend):
     assert typical_stats.acceptance_rate >= greedy_stats.acceptance_rate
 
 
-def test_rejection_sampling_on_the_real_pair_keeps_the_targets_first_token_law(tiny_pair):
-    """The first token a verification produces is distributed as the target's, with real p and q."""
-    target = TorchLlamaRuntime(tiny_pair[0], num_slots=1, max_length=64)
-    draft = TorchLlamaRuntime(tiny_pair[1], num_slots=1, max_length=64)
-    prompt = np.array([8, 66, 3, 91])
+def test_rejection_sampling_on_the_real_pair_keeps_the_targets_first_token_law():
+    """The first token a verification produces is distributed as the target's, with the served pair's p and q."""
+    target = TorchLlamaRuntime(REPO_ROOT / "model_repository/target_model/1", num_slots=1, max_length=64)
+    draft = TorchLlamaRuntime(REPO_ROOT / "model_repository/draft_model/1", num_slots=1, max_length=64)
+    prompt = np.array(TextTokenizer(REPO_ROOT / "model_repository/target_model/1").encode("The quick brown fox"))
     params = SamplingParams(temperature=1.0)
     p = probabilities(target.forward([ForwardItem(0, 0, prompt)])[0][-1], params)[0]
     q = probabilities(draft.forward([ForwardItem(0, 0, prompt)])[0][-1], params)[0]
