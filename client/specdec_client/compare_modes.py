@@ -31,17 +31,23 @@ MODES: dict[str, dict] = {
 }
 
 
-def run(url: str, scenarios: dict, per_scenario: int, rounds: int, max_tokens: int | None) -> dict:
+def k_sweep_modes(lengths: list[int]) -> dict[str, dict]:
+    """Plain decoding and fixed-length chains (`num_draft_tokens` k, one candidate)."""
+    return {"plain": MODES["plain"], **{f"k={k}": {"num_draft_tokens": k, "num_candidates": 1} for k in lengths}}
+
+
+def run(url: str, scenarios: dict, per_scenario: int, rounds: int, max_tokens: int | None,
+        modes: dict[str, dict] = MODES) -> dict:
     results: dict[str, dict[str, list[dict]]] = {}
     work = [(name, prompt) for name, spec in scenarios.items() for prompt in spec["prompts"][:per_scenario]]
-    order = list(MODES)
-    with tqdm(total=len(work) * rounds * len(MODES), desc="compare-modes", file=sys.stderr) as bar:
+    order = list(modes)
+    with tqdm(total=len(work) * rounds * len(modes), desc="compare-modes", file=sys.stderr) as bar:
         for round_index in range(rounds):
             for name, prompt in work:
                 spec = scenarios[name]
                 for mode in (order if round_index % 2 == 0 else order[::-1]):
                     params = {"text_input": prompt, "max_tokens": max_tokens or spec["max_tokens"],
-                              "task": spec["task"], "exclude_input_in_output": True, **MODES[mode]}
+                              "task": spec["task"], "exclude_input_in_output": True, **modes[mode]}
                     result = generate_grpc(url, params)
                     results.setdefault(name, {}).setdefault(mode, []).append({
                         "tokens": result.num_output_tokens, "latency_s": result.latency_s,
@@ -87,9 +93,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts-per-scenario", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=None, help="override the scenario's new tokens")
+    parser.add_argument("--scenarios", type=lambda s: s.split(","), default=None, help="e.g. json,code")
+    parser.add_argument("--k-sweep", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                        help="instead of the drafter modes: plain vs chains of these fixed lengths, e.g. 4,5,6,7,8")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench_results" / "modes")
     args = parser.parse_args(argv)
     scenarios = json.loads(args.prompts.read_text(encoding="utf-8"))["scenarios"]
+    if args.scenarios:
+        scenarios = {name: scenarios[name] for name in args.scenarios}
+    modes = k_sweep_modes(args.k_sweep) if args.k_sweep else MODES
     server = None
     url = args.url
     if args.start_server:
@@ -97,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                               grpc_port=free_port(), metrics_port=free_port()).start()
         url = server.grpc_url
     try:
-        results = run(url, scenarios, args.prompts_per_scenario, args.rounds, args.max_tokens)
+        results = run(url, scenarios, args.prompts_per_scenario, args.rounds, args.max_tokens, modes)
     finally:
         if server is not None:
             server.stop()
