@@ -8,6 +8,7 @@ METRICS_PORT ?= 8002
 export HTTP_PORT GRPC_PORT METRICS_PORT
 
 .PHONY: setup serve test test-unit test-integration lint configs check-configs
+.PHONY: bench perf-analyzer genai-perf genai-perf-env check-dashboard
 
 setup:
 	@bash scripts/setup_env.sh
@@ -32,3 +33,31 @@ configs: setup
 
 check-configs: setup
 	$(PY) build/render_configs.py build/deployments/cpu.yaml --check
+
+# ---- benchmarks and observability (docs/BENCHMARKS.md, docs/OBSERVABILITY.md) ----
+# Each starts its own server on free ports unless BENCH_URL (gRPC host:port) names a running one.
+BENCH_OUT ?= bench_results/latest
+BENCH_ARGS ?=
+BENCH_SERVER = $(if $(BENCH_URL),--url $(BENCH_URL) --metrics-url $(BENCH_METRICS_URL),--start-server)
+BENCH_METRICS_URL ?= http://127.0.0.1:8002/metrics
+PERF_ARGS ?= --concurrency 1 --request-count 32
+GENAI_PERF_VENV := .venv-genai-perf
+
+bench: setup
+	$(VENV)/bin/bench $(BENCH_SERVER) --out $(BENCH_OUT) $(BENCH_ARGS)
+
+perf-analyzer: setup
+	$(VENV)/bin/perf-tools perf-analyzer $(if $(BENCH_URL),--url $(BENCH_URL),--start-server) $(PERF_ARGS)
+
+# genai-perf 0.0.16 pins its own dependency set: it gets a venv of its own (numpy<2 kept).
+genai-perf-env:
+	@test -x $(GENAI_PERF_VENV)/bin/genai-perf || { \
+	  $$(command -v python3.11 || command -v python3) -m venv $(GENAI_PERF_VENV) && \
+	  $(GENAI_PERF_VENV)/bin/pip install -q --upgrade pip && \
+	  $(GENAI_PERF_VENV)/bin/pip install -q "genai-perf==0.0.16" "numpy<2"; }
+
+genai-perf: setup genai-perf-env
+	$(VENV)/bin/perf-tools genai-perf $(if $(BENCH_URL),--url $(BENCH_URL),--start-server) $(PERF_ARGS)
+
+check-dashboard: setup
+	$(PY) docker/monitoring/dashboard.py --check --schema

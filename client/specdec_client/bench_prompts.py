@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         path = args.perf_dir / f"{name}.json"
         path.write_text(json.dumps(perf_analyzer_data(texts, max_tokens, task), indent=1, ensure_ascii=False) + "\n")
         gpath = args.perf_dir / f"genai_perf_{name}.jsonl"
-        gpath.write_text("".join(json.dumps({"text_input": t}, ensure_ascii=False) + "\n" for t in texts))
+        gpath.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts))
         print(f"wrote {path} and {gpath}")
     return 0
 

@@ -25,7 +25,7 @@ from specdec_client.bench_prompts import PERF_DIR, SCENARIOS
 from specdec_client.server import REPO_ROOT, TritonServer, free_port
 
 MODEL = "ensemble"
-GENAI_PERF_VENV = REPO_ROOT / ".venv-genai-perf"
+GENAI_PERF_VENV = Path(os.environ.get("GENAI_PERF_VENV", REPO_ROOT / ".venv-genai-perf"))
 TOKENIZER_DIR = REPO_ROOT / "model_repository" / "target_model" / "1"
 
 
@@ -34,9 +34,11 @@ def perf_analyzer_binary() -> Path:
 
 
 def tool_environment() -> dict[str, str]:
-    """perf_analyzer links libcudart (loaded even on CPU-only servers): the wheel's copy goes first."""
+    """perf_analyzer links libcudart (loaded even on CPU-only servers): the wheel's copy goes first; genai-perf
+    runs the perf_analyzer it finds on PATH (its own wheel ships a placeholder): this venv's 2.51 one."""
     cuda_lib = Path(sysconfig.get_paths()["purelib"]) / "nvidia" / "cuda_runtime" / "lib"
     env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(perf_analyzer_binary().parent), env.get("PATH", "")])
     env["LD_LIBRARY_PATH"] = os.pathsep.join([str(cuda_lib), *filter(None, [env.get("LD_LIBRARY_PATH")])])
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -62,12 +64,14 @@ def genai_perf_command(grpc_url: str, scenario: str, concurrency: int, request_c
                        artifacts: Path) -> list[str]:
     """genai-perf profile with the TensorRT-LLM ensemble contract, a local tokenizer and our prompts."""
     _, _, max_tokens = SCENARIOS[scenario]
-    return [str(GENAI_PERF_VENV / "bin" / "genai-perf"), "profile", "-m", MODEL, "--service-kind", "triton",
+    prompts = PERF_DIR / f"genai_perf_{scenario}.jsonl"
+    return [str(GENAI_PERF_VENV / "bin" / "genai-perf"), "profile", "-m", MODEL,
             "--endpoint-type", "kserve", "--backend", "tensorrtllm", "--streaming", "-u", grpc_url,
-            "--tokenizer", str(TOKENIZER_DIR), "--input-file", str(PERF_DIR / f"genai_perf_{scenario}.jsonl"),
+            "--tokenizer", str(TOKENIZER_DIR), "--input-file", str(prompts),
+            "--num-prompts", str(sum(1 for _ in prompts.open())),
             "--output-tokens-mean", str(max_tokens), "--output-tokens-mean-deterministic",
-            "--concurrency", str(concurrency), "--num-prompts", str(request_count),
-            "--measurement-interval", "60000", "--artifact-dir", str(artifacts)]
+            "--concurrency", str(concurrency), "--request-count", str(request_count),
+            "--warmup-request-count", "0", "--artifact-dir", str(artifacts)]
 
 
 @contextlib.contextmanager
