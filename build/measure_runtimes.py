@@ -117,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft", type=Path, default=REPO_ROOT / "model_repository" / "draft_model" / "1")
     parser.add_argument("--runtimes", default="torch,onnxruntime", help="comma-separated runtime names")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--engine-dir", type=Path,
+                        help="tensorrt: the --output-dir of build/build_engines.py (holds target_model/, draft_model/)")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads (the CPU deployment uses 1)")
     parser.add_argument("--context", type=int, default=128, help="cache length at which steps are timed")
     parser.add_argument("--k", type=int, default=6, help="draft tokens per verification pass")
@@ -130,14 +132,13 @@ def main(argv: list[str] | None = None) -> int:
 
     names = [name.strip() for name in args.runtimes.split(",") if name.strip()]
     max_length = max(args.context + args.k + 2, 512)
-    pair = {
-        name: tuple(
-            build_runtime(name, folder, num_slots=1, max_length=max_length, device=args.device,
-                          num_threads=args.threads)
-            for folder in (args.target, args.draft)
-        )
-        for name in names
-    }
+    def runtime(name: str, folder: Path, model: str) -> DecoderRuntime:
+        engine_dir = args.engine_dir / model if name == "tensorrt" and args.engine_dir else None
+        return build_runtime(name, folder, num_slots=1, max_length=max_length, device=args.device,
+                             num_threads=args.threads, engine_dir=engine_dir)
+
+    pair = {name: (runtime(name, args.target, "target_model"), runtime(name, args.draft, "draft_model"))
+            for name in names}
     tokenizer = TextTokenizer(args.target)
     steps = measure_steps(pair, context_ids(tokenizer, args.context), args.k, args.repeats, args.warmup)
     result: dict = {"setup": {key: str(value) for key, value in vars(args).items()}, "steps": steps}

@@ -1,0 +1,79 @@
+"""Export the decoder step of Hugging Face Llama checkpoints to ONNX (specdec.runtime.step_graph), and check it.
+
+By default both decoders of the model repository, into `<model>/1/onnx/decoder.onnx`: where the onnxruntime
+runtime looks first (it exports there itself on first load when the file is missing or stale, so this is
+only ahead-of-time work). With --check, onnxruntime runs the export against the torch runtime on a real
+prompt and prints max |logit difference| and argmax agreement. Usage:
+
+    python build/export_onnx.py --check
+    python build/export_onnx.py --checkpoint path/to/hf_model --out /tmp/model.onnx --dtype float16
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from specdec.runtime.onnx_llama import export_is_current
+from specdec.runtime.step_graph import DTYPES, ONNX_FILE, export_decoder
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DECODER_MODELS = ("target_model", "draft_model")
+CHECK_PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
+
+
+def check_export(model_dir: Path, onnx_path: Path) -> tuple[float, float]:
+    """(max |logit difference|, argmax agreement) of onnxruntime vs the torch runtime over every position
+    of a real prompt (fp32 exports)."""
+    from specdec.runtime.base import ForwardItem
+    from specdec.runtime.onnx_llama import OnnxLlamaRuntime
+    from specdec.runtime.torch_llama import TorchLlamaRuntime
+    from specdec.tokenizer import TextTokenizer
+
+    ids = np.asarray(TextTokenizer(model_dir).encode(CHECK_PROMPT), dtype=np.int64)
+    item = [ForwardItem(0, 0, ids, num_logits=len(ids))]
+    expected = TorchLlamaRuntime(model_dir, num_slots=1, max_length=len(ids), num_threads=1).forward(item)[0]
+    got = OnnxLlamaRuntime(model_dir, num_slots=1, max_length=len(ids), onnx_path=onnx_path).forward(item)[0]
+    return float(np.abs(expected - got).max()), float((expected.argmax(-1) == got.argmax(-1)).mean())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-repository", type=Path, default=REPO_ROOT / "model_repository")
+    parser.add_argument("--models", default=",".join(DECODER_MODELS), help="decoder models of the repository")
+    parser.add_argument("--checkpoint", type=Path, help="export this checkpoint folder instead (with --out)")
+    parser.add_argument("--out", type=Path, help="output file for --checkpoint")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    parser.add_argument("--force", action="store_true", help="export even when a current export exists")
+    parser.add_argument("--check", action="store_true", help="compare with the torch runtime (float32 only)")
+    args = parser.parse_args(argv)
+
+    if args.checkpoint:
+        if not args.out:
+            parser.error("--checkpoint needs --out")
+        jobs = [(args.checkpoint, args.out)]
+    else:
+        names = [name.strip() for name in args.models.split(",") if name.strip()]
+        jobs = [(args.model_repository / name / "1", args.model_repository / name / "1" / "onnx" / ONNX_FILE)
+                for name in names]
+    for model_dir, out in jobs:
+        if not args.force and export_is_current(out, model_dir, args.dtype):
+            print(f"{out}: current, kept")
+        else:
+            started = time.perf_counter()
+            export_decoder(model_dir, out, dtype=args.dtype)
+            print(f"{out}: exported from {model_dir} ({args.dtype}, {out.stat().st_size / 2**20:.1f} MiB, "
+                  f"{time.perf_counter() - started:.1f} s)")
+        if args.check:
+            if args.dtype != "float32":
+                parser.error("--check compares float32 exports")
+            diff, agreement = check_export(model_dir, out)
+            print(f"  onnxruntime vs torch: max |logit diff| {diff:.2e}, argmax agreement {agreement:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
