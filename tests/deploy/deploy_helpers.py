@@ -195,6 +195,17 @@ class NginxLB:
                 entries.append(entry)
         return entries
 
+    def entries_for(self, rids: list[str], timeout_s: float = 10.0) -> dict[str, dict[str, str]]:
+        """Access-log entries of these request ids. nginx logs a request when it finalises it, which can be a
+        moment after the client has its response (a gRPC stream's trailers), so wait for them."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            log = {e["rid"]: e for e in self.access_entries()}
+            missing = [rid for rid in rids if rid not in log]
+            if not missing or time.monotonic() > deadline:
+                return {rid: log[rid] for rid in rids if rid in log}
+            time.sleep(0.1)
+
     def stop(self) -> None:
         proc = self.process
         if proc is None:

@@ -215,7 +215,8 @@ def test_traffic_survives_losing_a_replica(two_replicas_behind_nginx, mode: str)
     before = [r for r in all_results if r.end < stop_began]
     after = [r for r in all_results if r.start > stopped]
     failures = [r for r in all_results if r.error is not None]
-    log = {entry["rid"]: entry for entry in lb.access_entries()}
+    log = lb.entries_for([r.rid for r in failures + long_results])
+    log.update({e["rid"]: e for e in lb.access_entries() if e["rid"] not in log})
     victim_addrs = {f"127.0.0.1:{victim.http_port}", f"127.0.0.1:{victim.grpc_port}"}
     print(
         f"{mode}: {len(all_results)} requests, {len(before)} before the stop, {len(after)} after it, "

@@ -124,8 +124,9 @@ def grpc_stream(url: str, prompt: str) -> tuple[str, list[str]]:
 
 
 def upstreams_of(lb: NginxLB, rids: list[str]) -> dict[str, str]:
-    log = {e["rid"]: e for e in lb.access_entries()}
-    return {rid: log[rid]["upstream"] for rid in rids}
+    log = lb.entries_for(rids)
+    assert set(log) == set(rids), f"not in nginx's access log: {set(rids) - set(log)}"
+    return {rid: entry["upstream"] for rid, entry in log.items()}
 
 
 def test_entrypoint_serves_a_rendered_private_repository(cluster) -> None:
