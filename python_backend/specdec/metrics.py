@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -42,7 +43,7 @@ ERROR_KINDS = ("invalid_argument", "unsupported", "capacity", "sequence_state", 
 
 # ---- windows and throttles ----
 ACCEPTANCE_WINDOW_S = 60.0  # the windowed acceptance-rate and mean-accepted-length gauges look back this far
-MEMORY_UPDATE_INTERVAL_S = 1.0  # resident-memory gauges are refreshed at most this often per process
+MEMORY_UPDATE_INTERVAL_S = 5.0  # each model process samples its memory this often
 
 # ---- histogram buckets (seconds) ----
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -354,34 +355,54 @@ def process_memory() -> ProcessMemory:
 
 
 class ProcessMetrics:
-    """Memory and KV-slot gauges of one model instance process; cheap to call on every execute()."""
+    """Memory and KV-slot gauges of one model instance process; cheap to call on every execute().
+
+    Reading /proc/self/smaps_rollup walks the page tables (milliseconds for a process with torch loaded), so
+    with `background=True` a daemon thread samples memory every `interval_s` and `update()` only publishes
+    the latest sample; the metric calls themselves stay on the caller's thread.
+    """
 
     def __init__(self, sink: MetricSink, model: str, instance: str, num_slots: int | None = None,
                  kv_cache_bytes: int | None = None, clock: Callable[[], float] = time.monotonic,
-                 interval_s: float = MEMORY_UPDATE_INTERVAL_S) -> None:
+                 interval_s: float = MEMORY_UPDATE_INTERVAL_S, background: bool = True) -> None:
         self.sink = sink
         self.labels = {MODEL: model, INSTANCE: instance}
         self.clock = clock
         self.interval_s = interval_s
         self._next_memory = 0.0
         self._slots_in_use: int | None = None
+        self._sample: ProcessMemory | None = process_memory()
+        self._published: ProcessMemory | None = None
         if num_slots is not None:
             sink.set(KV_SLOTS, self.labels, num_slots)
         if kv_cache_bytes is not None:
             sink.set(KV_CACHE_BYTES, self.labels, kv_cache_bytes)
+        self._background = background
+        if background:
+            threading.Thread(target=self._sample_forever, name="specdec-memory-sampler", daemon=True).start()
         self.update()
 
+    def _sample_forever(self) -> None:
+        while True:
+            time.sleep(self.interval_s)
+            self._sample = process_memory()
+
     def update(self, slots_in_use: int | None = None) -> None:
-        """Set the slot gauge when it changed and the memory gauges when the interval has passed."""
+        """Set the slot gauge when it changed and the memory gauges when there is a new sample."""
         if slots_in_use is not None and slots_in_use != self._slots_in_use:
             self._slots_in_use = slots_in_use
             self.sink.set(KV_SLOTS_IN_USE, self.labels, slots_in_use)
-        now = self.clock()
-        if now >= self._next_memory:
-            self._next_memory = now + self.interval_s
-            memory = process_memory()
-            self.sink.set(RESIDENT_MEMORY, self.labels, memory.rss)
-            if memory.pss is not None:
-                self.sink.set(PROPORTIONAL_MEMORY, self.labels, memory.pss)
-            if memory.uss is not None:
-                self.sink.set(UNIQUE_MEMORY, self.labels, memory.uss)
+        if not self._background:
+            now = self.clock()
+            if now >= self._next_memory:
+                self._next_memory = now + self.interval_s
+                self._sample = process_memory()
+        memory = self._sample
+        if memory is None or memory is self._published:
+            return
+        self._published = memory
+        self.sink.set(RESIDENT_MEMORY, self.labels, memory.rss)
+        if memory.pss is not None:
+            self.sink.set(PROPORTIONAL_MEMORY, self.labels, memory.pss)
+        if memory.uss is not None:
+            self.sink.set(UNIQUE_MEMORY, self.labels, memory.uss)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 
 import pytest
 from specdec import metrics as m
@@ -167,6 +168,7 @@ def test_draft_failures_are_errors_and_fallback():
 
 
 def test_process_metrics_set_slots_on_change_and_memory_at_most_once_per_interval():
+    """(Synchronous sampling here; in the servers a background thread samples.)"""
     clock = FakeClock()
     sink = m.InMemorySink()
     calls: list[str] = []
@@ -177,7 +179,8 @@ def test_process_metrics_set_slots_on_change_and_memory_at_most_once_per_interva
         original(spec, labels, value)
 
     sink.set = counting_set  # type: ignore[method-assign]
-    proc = m.ProcessMetrics(sink, "target_model", "target_model_0", num_slots=16, kv_cache_bytes=1 << 20, clock=clock)
+    proc = m.ProcessMetrics(sink, "target_model", "target_model_0", num_slots=16, kv_cache_bytes=1 << 20, clock=clock,
+                            background=False)
     assert sink.total(m.KV_SLOTS) == 16 and sink.total(m.KV_CACHE_BYTES) == 1 << 20
     rss = sink.total(m.RESIDENT_MEMORY)
     assert rss > 10 << 20  # this Python process with torch loaded
@@ -191,3 +194,19 @@ def test_process_metrics_set_slots_on_change_and_memory_at_most_once_per_interva
     clock.now += m.MEMORY_UPDATE_INTERVAL_S
     proc.update(3)
     assert m.RESIDENT_MEMORY.name in calls
+
+
+def test_background_sampler_publishes_new_samples_only():
+    sink = m.InMemorySink()
+    proc = m.ProcessMetrics(sink, "draft_model", "draft_model_0", interval_s=0.05)
+    first = sink.total(m.RESIDENT_MEMORY)
+    assert first > 0
+    sample = proc._sample
+    proc.update()
+    assert proc._published is sample  # nothing new: no metric call
+    deadline = time.monotonic() + 5
+    while proc._sample is sample and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert proc._sample is not sample
+    proc.update()
+    assert proc._published is proc._sample
