@@ -82,14 +82,12 @@ def test_chart_default_placement_renders_gpu_configs(tmp_path: Path) -> None:
     """values.yaml's `deployment` over its `deploymentFile`, through the entrypoint and the real renderer."""
     values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
     base = REPO_ROOT / Path(values["deploymentFile"]).relative_to("/opt/specdec")
-    overrides = tmp_path / "overrides.yaml"
-    overrides.write_text(yaml.safe_dump(values["deployment"]))
-    out = run_entrypoint(
-        tmp_path / "run",
-        SPECDEC_DEPLOYMENT=str(base),
-        SPECDEC_DEPLOYMENT_OVERRIDES=str(overrides),
-        SPECDEC_BUILD_ENGINES="0",  # the tensorrt build needs a GPU: checked on its own below
-    )
+    env = {"SPECDEC_DEPLOYMENT": str(base), "SPECDEC_BUILD_ENGINES": "0"}  # a tensorrt build needs a GPU
+    if values["deployment"]:
+        overrides = tmp_path / "overrides.yaml"
+        overrides.write_text(yaml.safe_dump(values["deployment"]))
+        env["SPECDEC_DEPLOYMENT_OVERRIDES"] = str(overrides)
+    out = run_entrypoint(tmp_path / "run", **env)
     assert out.returncode == 0, out.stderr
     run = tmp_path / "run" / "model_repository"
     target = load_config(run / "target_model" / "config.pbtxt")
@@ -100,7 +98,8 @@ def test_chart_default_placement_renders_gpu_configs(tmp_path: Path) -> None:
         assert list(config.instance_group[0].gpus) == [0]
         assert config.parameters["runtime"].string_value == "tensorrt"
         assert config.parameters["engine_dir"].string_value.startswith("${SPECDEC_ENGINE_DIR}/")
-    assert target.parameters["num_slots"].string_value == str(values["deployment"]["kv_cache"]["num_slots"])
+    merged = yaml.safe_load(base.read_text())
+    assert target.parameters["num_slots"].string_value == str(merged["kv_cache"]["num_slots"])
     devices = {config.parameters["device"].string_value for config in (target, draft)}
     if devices == {"cpu"}:
         pytest.xfail(

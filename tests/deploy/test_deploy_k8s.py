@@ -67,7 +67,6 @@ def test_rendered_objects(rendered) -> None:
     if name == "gpu":
         assert kinds == sorted(
             [
-                "ConfigMap",
                 "Deployment",
                 "HorizontalPodAutoscaler",
                 "PodDisruptionBudget",
@@ -273,4 +272,23 @@ def test_deployment_files_are_in_the_image(helm: Path, name: str) -> None:
     env = {e["name"]: e.get("value") for e in container(helm_template(helm, VALUE_SETS[name]))["env"]}
     in_repo = REPO_ROOT / Path(env["SPECDEC_DEPLOYMENT"]).relative_to("/opt/specdec")  # the images' SPECDEC_HOME
     assert in_repo.is_file(), f"{env['SPECDEC_DEPLOYMENT']} is not in the image: {in_repo} does not exist"
-    assert ("SPECDEC_DEPLOYMENT_OVERRIDES" in env) == (name == "gpu")
+    assert "SPECDEC_DEPLOYMENT_OVERRIDES" not in env, "no overrides by default: the file as it is"
+
+
+def test_deployment_overrides_reach_the_pod_and_roll_it(helm: Path) -> None:
+    plain = helm_template(helm, [])
+    docs = helm_template(helm, [], "--set", "deployment.models.draft_model.gpus[0]=1", "--set", "gpu.count=2")
+    configmap = one(docs, "ConfigMap")
+    assert yaml.safe_load(configmap["data"]["deployment-overrides.yaml"]) == {"models": {"draft_model": {"gpus": [1]}}}
+    env = {e["name"]: e.get("value") for e in container(docs)["env"]}
+    assert env["SPECDEC_DEPLOYMENT_OVERRIDES"] == "/etc/specdec/deployment-overrides.yaml"
+    pod = one(docs, "Deployment")["spec"]["template"]
+    volume = next(v for v in pod["spec"]["volumes"] if "configMap" in v)
+    assert volume["configMap"]["name"] == configmap["metadata"]["name"]
+    mount = next(m for m in container(docs)["volumeMounts"] if m["name"] == volume["name"])
+    assert mount["mountPath"] == "/etc/specdec" and mount["readOnly"] is True
+    # A change of placement changes the pod template (checksum annotation): the Deployment rolls.
+    assert "checksum/deployment" in pod["metadata"]["annotations"]
+    assert "checksum/deployment" not in (
+        one(plain, "Deployment")["spec"]["template"]["metadata"].get("annotations") or {}
+    )
