@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from pathlib import Path
 
 import pytest
 from specdec import metrics as m
@@ -210,3 +211,8 @@ def test_background_sampler_publishes_new_samples_only():
     assert proc._sample is not sample
     proc.update()
     assert proc._published is proc._sample
+
+
+def test_every_metric_is_documented():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "OBSERVABILITY.md").read_text()
+    assert [spec.name for spec in m.ALL_METRICS if f"`{spec.name}`" not in doc] == []
