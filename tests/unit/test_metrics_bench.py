@@ -1,0 +1,80 @@
+"""bench's arithmetic: percentiles, per-cell figures, speedup, the model bound, the iteration split, reports."""
+
+from __future__ import annotations
+
+import pytest
+from specdec_client import bench
+from specdec_client.scrape import Scrape
+
+
+def test_percentile_interpolates_like_numpy():
+    assert bench.percentile([], 50) is None
+    assert bench.percentile([3.0], 99) == 3.0
+    assert bench.percentile([1.0, 2.0, 3.0, 4.0], 50) == pytest.approx(2.5)
+    assert bench.percentile(list(map(float, range(101))), 99) == pytest.approx(99.0)
+
+
+def cell(mode: str, latency: float, tokens: int, server: dict[str, float], n: int = 4) -> bench.Cell:
+    c = bench.Cell("json", mode, 1, wall_s=latency * n, server=server)
+    for i in range(n):
+        c.records.append(bench.Record("json", mode, 1, 0, i, latency, 0.01, tokens,
+                                      draft_tokens=40 if mode == bench.SPECULATIVE else 0,
+                                      accepted_draft_tokens=30 if mode == bench.SPECULATIVE else 0))
+    return c
+
+
+def test_summary_speedup_bound_and_split():
+    # plain: 128 target calls of 4 ms compute; speculative: 40 passes of k=4 (2 ms per draft call), 6 ms verify.
+    plain = cell(bench.PLAIN, 1.0, 128, {"target_calls": 4 * 129, "target_compute_us": 4 * 129 * 4000,
+                                          "target_queue_us": 0, "draft_calls": 0})
+    spec = cell(bench.SPECULATIVE, 0.5, 128, {
+        "passes": 160, "proposed": 160, "accepted": 120, "target_calls": 4 * 41, "draft_calls": 160,
+        "target_compute_us": 4 * 41 * 6000, "draft_compute_us": 160 * 8000, "target_queue_us": 0,
+        "draft_queue_us": 0})
+    summaries = []
+    for c in (plain, spec):
+        s = c.summary()
+        s["draft_calls_per_target_call"] = c.server["draft_calls"] / c.server["target_calls"]
+        summaries.append(s)
+    p, s = summaries
+    assert p["tok_per_s"] == pytest.approx(128) and s["tok_per_s"] == pytest.approx(256)
+    assert s["alpha"] == pytest.approx(0.75) and s["tau"] == pytest.approx(280 / 160)
+    assert s["k_mean"] == pytest.approx(1.0) and s["itl_mean_s"] == pytest.approx((0.5 - 0.01) / 127)
+    ratios = bench.derived(summaries, ["json"])["json"]
+    assert ratios["speedup"] == pytest.approx(2.0)
+    c, v = 8.0 / 1.0 / 4.0, 6.0 / 4.0
+    assert ratios["c"] == pytest.approx(c) and ratios["v"] == pytest.approx(v)
+    assert ratios["model_bound"] == pytest.approx((280 / 160) / (1.0 * c + v))
+    split = ratios["iteration_split_ms"]
+    assert split["target_compute_ms"] == pytest.approx(6.0)
+    assert split["draft_compute_ms"] == pytest.approx(8.0 * 160 / 164)
+    assert sum(split.values()) == pytest.approx(ratios["iteration_ms"])
+
+
+def test_server_deltas_filter_by_task_and_model():
+    text = """
+specdec_verification_passes_total{model="speculative_decoding",task="json"} 10
+specdec_verification_passes_total{model="speculative_decoding",task="code"} 99
+nv_inference_compute_infer_duration_us{model="target_model",version="1"} 5000
+nv_inference_compute_infer_duration_us{model="draft_model",version="1"} 700
+"""
+    deltas = bench.server_deltas(Scrape.parse(text), "json")
+    assert deltas["passes"] == 10 and deltas["target_compute_us"] == 5000 and deltas["draft_compute_us"] == 700
+
+
+def test_reports_are_written(tmp_path):
+    plain = cell(bench.PLAIN, 1.0, 128, {})
+    spec = cell(bench.SPECULATIVE, 0.5, 128, {})
+    hf = cell(bench.HF_ASSISTED, 0.8, 128, {})
+    summaries = [c.summary() for c in (plain, spec, hf)]
+    results = {"machine": {"time_utc": "t", "git_commit": "c", "cpu": "cpu", "cores": 2, "load_average": [1, 1, 1],
+                           "models": {"target_model": {"num_hidden_layers": 12, "hidden_size": 256}}},
+               "cells": summaries, "derived": bench.derived(summaries, ["json"]), "memory": None,
+               "fidelity": bench.fidelity({("json", m, 1): c for m, c in
+                                           ((bench.PLAIN, plain), (bench.SPECULATIVE, spec))})}
+    report = bench.markdown(results)
+    assert "| json | speculative | 1 | 4 |" in report and "2.00×" in report
+    assert results["fidelity"][bench.SPECULATIVE] == {"equal": 4, "compared": 4}
+    written = bench.plots(results, tmp_path)
+    assert [p.name for p in written] == ["speedup.png", "throughput.png"]
+    assert all(p.stat().st_size > 10_000 for p in written)
