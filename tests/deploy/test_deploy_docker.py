@@ -193,3 +193,41 @@ def test_compose_serves_the_cpu_image_and_the_load_balancer() -> None:
         upstreams = lb["environment"][f"SPECDEC_{proto}_UPSTREAMS"]
         assert re.findall(r"server (\S+):(\d+)", upstreams) == [("triton", port), ("triton-b", port)]
     assert not (DOCKER / "monitoring").exists() or (DOCKER / "monitoring").is_dir()
+
+
+@pytest.mark.slow
+def test_gpu_requirements_resolve_together(tmp_path: Path) -> None:
+    """pip's resolver over requirements/gpu.txt (metadata only, nothing installed): an unsatisfiable pin set
+    (e.g. an onnx that needs protobuf>=5 beside tritonclient 2.51's protobuf<5) fails here, not in a build."""
+    import json
+
+    report = tmp_path / "report.json"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--quiet",
+            "--report",
+            str(report),
+            "--target",
+            str(tmp_path / "target"),
+            "-r",
+            str(REPO_ROOT / "requirements" / "gpu.txt"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if out.returncode != 0 and ("ResolutionImpossible" not in out.stderr and "conflict" not in out.stderr.lower()):
+        pytest.skip(f"pip could not reach a package index: {out.stderr.strip()[-300:]}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    chosen = {
+        i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]
+    }
+    assert chosen["protobuf"].startswith(("3.", "4.")), "tritonclient 2.51 needs protobuf < 5"
+    assert chosen["numpy"].startswith("1.")
+    assert "tensorrt-cu12" in chosen
