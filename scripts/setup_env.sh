@@ -12,9 +12,10 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   exit 0
 fi
 
-# Debian: libpython3.11 (the Python backend stub links it), libb64-0d (perf_analyzer).
+# Debian: libpython3.11 (the Python backend stub links it), libb64-0d (perf_analyzer), prometheus (the
+# dashboard queries are evaluated on a throwaway Prometheus in tests/integration/test_metrics.py).
 need_apt=()
-for pkg in libpython3.11 libb64-0d nginx; do
+for pkg in libpython3.11 libb64-0d nginx prometheus; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import time
+from pathlib import Path
+
 import pytest
 from specdec.metrics import (
     ACCEPTANCE_RATE,
@@ -29,6 +33,7 @@ from specdec_client.scrape import scrape, wait_for
 
 pytestmark = pytest.mark.integration
 MODEL = "speculative_decoding"
+REPO_ROOT = Path(__file__).resolve().parents[2]
 K = 4
 
 
@@ -98,3 +103,21 @@ def test_metrics_agree_with_the_responses(server, all_prompts):
     assert delta.total("nv_inference_request_success", model="ensemble") == len(spec) + len(plain)
     # (2.51 counts one failed ensemble request twice, both with reason OTHER.)
     assert delta.total("nv_inference_request_failure", model="ensemble") >= 1
+
+
+def test_dashboard_queries_return_data_on_a_real_prometheus(server, all_prompts, tmp_path):
+    """Every PromQL query of the Grafana dashboard parses and (GPU panels aside) returns series."""
+    spec = importlib.util.spec_from_file_location("check_queries", REPO_ROOT / "docker/monitoring/check_queries.py")
+    check_queries = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check_queries)
+    target = server.metrics_url.split("//", 1)[1].split("/", 1)[0]
+    prompts = [p for d, p in all_prompts if d == "code"]
+    with check_queries.local_prometheus(target, tmp_path) as prometheus:
+        started = time.monotonic()
+        while time.monotonic() - started < 4:  # traffic across several 1 s scrapes, so rate() has two points
+            generate_grpc(server.grpc_url, {"text_input": prompts[0], "max_tokens": 12, "task": "code"})
+        time.sleep(1.5)
+        rows = check_queries.check(prometheus, rate="30s", range_="2m")
+    assert len(rows) >= 30
+    failed = [r for r in rows if r["status"] != "success" or (not r["series"] and not r["may_be_empty"])]
+    assert failed == [], failed
