@@ -30,6 +30,7 @@ import subprocess
 import sys
 import sysconfig
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 
 Doc = dict[str, str]
@@ -42,6 +43,7 @@ DEVIL_DICT = Path("/usr/share/dictd/devil.dict.dz")
 DEVIL_INDEX = Path("/usr/share/dictd/devil.index")
 PYDOC_SOURCES = Path("/usr/share/doc/python3.11/html/_sources")
 SWORD_MODULE = "engWEB2015eb"
+JSON_REFERENCE_DATE = datetime(2026, 11, 30, 23, 35)
 
 SOURCES = {
     "stdlib": "Python 3.11 standard library sources, tests excluded (PSF-2.0)",
@@ -100,8 +102,9 @@ class JsonGen:
         return {self.key(k): v for k, v in items.items()}
 
     def ts(self) -> str:
-        """An ISO 8601 timestamp."""
-        return self.fake.date_time_between("-3y", "now").strftime("%Y-%m-%dT%H:%M:%SZ")
+        """An ISO 8601 timestamp in the three years before a fixed date (never "now": keeps builds identical)."""
+        end = JSON_REFERENCE_DATE
+        return self.fake.date_time_between(end - timedelta(days=1095), end).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     def money(self, lo: float = 1, hi: float = 500) -> float:
         """A price with two decimals."""
