@@ -39,15 +39,19 @@ fi
 
 # The Python backend needs the stub built for this interpreter next to the backend library.
 "$VENV/bin/python" - <<'PY'
-import importlib.util, shutil, sys
+import filecmp, importlib.util, os, shutil, sys
 from pathlib import Path
 # Locate the package without importing it (its own Python deps are not installed on purpose).
 root = Path(importlib.util.find_spec("pytriton").submodule_search_locations[0]) / "tritonserver"
 ver = f"{sys.version_info.major}.{sys.version_info.minor}"
 src = root / "python_backend_stubs" / ver / "triton_python_backend_stub"
 dst = root / "backends" / "python" / "triton_python_backend_stub"
-shutil.copy2(src, dst)
-dst.chmod(0o755)
+if not (dst.exists() and filecmp.cmp(src, dst, shallow=False)):
+    # Copy beside it, then rename: a running stub keeps its inode ("text file busy" on a plain copy).
+    tmp = dst.with_suffix(".tmp")
+    shutil.copy2(src, tmp)
+    tmp.chmod(0o755)
+    os.replace(tmp, dst)
 print(f"tritonserver: {root / 'bin' / 'tritonserver'} (stub for Python {ver})")
 PY
 echo "$want" > "$STAMP"
