@@ -36,6 +36,7 @@ RESTRICTED_APIS = "model-repository,shared-memory,trace,logging"
 # tritonserver 2.51 parses HTTP JSON recursively on its threads' stacks: with the usual 8 MiB a ~200 KB body of
 # nested brackets kills the server; 64 MiB moves that past 1 MB (docs/SECURITY.md: cap bodies in front too).
 STACK_LIMIT_KIB = 65536
+SUPERVISE_INTERVAL_S = 2.0  # `make serve` checks this often that every model process is still alive
 
 
 def pytriton_root() -> Path:
@@ -72,14 +73,28 @@ def free_port() -> int:
 
 
 def session_processes(session_id: int) -> list[int]:
-    """Pids of the live processes in this session (the server and the model processes it started)."""
+    """Pids of the live processes in this session (the server and the model processes it started); exited
+    processes not yet reaped (zombies) are left out."""
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, IndexError):
                 if os.getsid(int(entry.name)) == session_id:
-                    pids.append(int(entry.name))
+                    state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                    if state != "Z":
+                        pids.append(int(entry.name))
     return pids
+
+
+def model_processes(session_id: int) -> dict[str, int]:
+    """Model instance name (e.g. target_model_0_0) -> pid of its Python-backend process, in this session."""
+    found = {}
+    for pid in session_processes(session_id):
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            if "triton_python_backend_stub" in argv[0] and len(argv) > 3:
+                found[argv[-3] if argv[-1] == "" else argv[-2]] = pid
+    return found
 
 
 def own_shm_regions(session_id: int) -> set[str]:
@@ -105,9 +120,11 @@ class TritonServer:
     log_verbose: int = 0
     log_file: Path | None = None
     extra_args: list[str] = field(default_factory=list)
+    model_control_mode: str = "none"  # "explicit" loads every model and allows (admin-key) load/unload
     admin_key: str = field(default_factory=lambda: os.environ.get("SPECDEC_ADMIN_KEY") or secrets.token_urlsafe(24))
     process: subprocess.Popen | None = None
     _shm_seen: set[str] = field(default_factory=set)
+    _model_processes: dict[str, int] = field(default_factory=dict)
 
     @property
     def http_url(self) -> str:
@@ -135,7 +152,8 @@ class TritonServer:
             f"--metrics-port={self.metrics_port}",
             "--allow-gpu-metrics=false",
             "--pinned-memory-pool-byte-size=0",
-            "--model-control-mode=none",
+            f"--model-control-mode={self.model_control_mode}",
+            *(["--load-model=*"] if self.model_control_mode == "explicit" else []),
             f"--http-restricted-api={RESTRICTED_APIS}:{ADMIN_KEY_HEADER}={self.admin_key}",
             f"--grpc-restricted-protocol={RESTRICTED_APIS}:{ADMIN_KEY_HEADER}={self.admin_key}",
             "--exit-timeout-secs=10",
@@ -176,9 +194,20 @@ class TritonServer:
                 raise RuntimeError(f"tritonserver exited with code {self.process.returncode} before READY")
             if self.is_ready():
                 self.note_shm_regions()
+                self._model_processes = model_processes(self.process.pid)
                 return
             time.sleep(0.25)
         raise TimeoutError(f"tritonserver not READY after {timeout_s:.0f} s")
+
+    def dead_model_processes(self) -> dict[str, int]:
+        """Model instances whose process died (instance -> its last pid). tritonserver 2.51 never restarts one,
+        and every request to its model fails from then on ("Stub process ... is not healthy") while
+        /v2/health/ready stays 200. (An instance unloaded in explicit model control mode looks the same.)"""
+        if self.process is None:
+            return {}
+        alive = model_processes(self.process.pid)
+        self._model_processes.update(alive)  # a reloaded instance has a new process
+        return {name: pid for name, pid in self._model_processes.items() if name not in alive}
 
     def note_shm_regions(self) -> set[str]:
         """Remember the shm regions this server's processes use now (stop() removes every one it saw)."""
@@ -202,6 +231,9 @@ class TritonServer:
         # Model stubs share the server's process group (start_new_session above).
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + timeout_s
+        while session_processes(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
         for name in self._shm_seen:
             with contextlib.suppress(FileNotFoundError):
                 (SHM_DIR / name).unlink()
@@ -259,8 +291,15 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         assert server.process is not None
-        server.process.wait()
-        return server.process.returncode if server.process else 0
+        while server.process.poll() is None:
+            time.sleep(SUPERVISE_INTERVAL_S)
+            dead = server.dead_model_processes()
+            if dead:  # a model process died: restart the whole server rather than serve errors forever
+                print(f"model process(es) of {sorted(dead)} died; restarting tritonserver ...", flush=True)
+                server.stop()
+                server.start()
+                print(f"specdec-triton READY again (HTTP {server.http_url}, gRPC {server.grpc_url})", flush=True)
+        return server.process.returncode
     except KeyboardInterrupt:
         return 0
     finally:

@@ -46,7 +46,8 @@ def stats_tensors(stats: GenerationStats) -> list[Any]:
         value_tensor("total_accepted_draft_tokens", stats.accepted_draft_tokens, np.int32),
         value_tensor("total_draft_tokens", stats.draft_tokens, np.int32),
         value_tensor("num_output_tokens", stats.output_tokens, np.int32),
-        value_tensor("fallback_active", stats.fallback_active, np.bool_),
+        # Plain decoding instead of speculation: by the acceptance monitor, or because draft_model failed.
+        value_tensor("fallback_active", stats.fallback_active or stats.draft_failures > 0, np.bool_),
     ]
 
 

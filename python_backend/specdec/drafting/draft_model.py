@@ -22,14 +22,15 @@ class DraftModelDrafter:
 
     async def propose(self, tokens: list[int], k: int, candidates: int, sampling: SamplingParams,
                       want_probs: bool) -> Proposal:
+        start = not self.started
+        self.started = True  # END at release even if this call fails: a failed START can still hold a KV slot
         result = await self.backend.draft_step(StepRequest(
             self.sequence_id, past_length=self.valid, input_ids=np.asarray(tokens[self.valid:]),
-            start=not self.started, num_draft_tokens=k, num_candidates=candidates, sampling=sampling,
+            start=start, num_draft_tokens=k, num_candidates=candidates, sampling=sampling,
             want_logits=want_probs,
         ))
         if result.error is not None:
             raise RuntimeError(f"draft_model: {result.error}")
-        self.started = True
         self._base = len(tokens)
         self._chain_depth = k if candidates == 1 else 0
         probs = probabilities(result.logits, sampling) if want_probs and result.logits is not None else None
