@@ -113,11 +113,15 @@ def test_dashboard_queries_return_data_on_a_real_prometheus(server, all_prompts,
     target = server.metrics_url.split("//", 1)[1].split("/", 1)[0]
     prompts = [p for d, p in all_prompts if d == "code"]
     with check_queries.local_prometheus(target, tmp_path) as prometheus:
-        started = time.monotonic()
-        while time.monotonic() - started < 4:  # traffic across several 1 s scrapes, so rate() has two points
+        # Traffic until Prometheus has two scrapes that saw it (rate() needs two points), then one more scrape.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
             generate_grpc(server.grpc_url, {"text_input": prompts[0], "max_tokens": 12, "task": "code"})
-        time.sleep(1.5)
-        rows = check_queries.check(prometheus, rate="30s", range_="2m")
+            if check_queries.evaluate(prometheus, "sum(rate(specdec_output_tokens_total[1m])) > 0")[1]:
+                break
+        time.sleep(2)
+        rows = check_queries.check(prometheus, rate="1m", range_="2m")
     assert len(rows) >= 30
-    failed = [r for r in rows if r["status"] != "success" or (not r["series"] and not r["may_be_empty"])]
+    failed = [(r["panel"], r["expr"], r["error"]) for r in rows
+              if r["status"] != "success" or (not r["series"] and not r["may_be_empty"])]
     assert failed == [], failed
