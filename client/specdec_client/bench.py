@@ -71,6 +71,7 @@ class Record:
     accepted_draft_tokens: int = 0
     text: str = ""
     error: str | None = None
+    fallback: bool = False  # the response said the task's profile had fallen back to plain decoding
 
 
 @dataclass
@@ -103,6 +104,7 @@ class Cell:
             "ttft_p50_s": percentile(ttfts, 50), "ttft_p99_s": percentile(ttfts, 99),
             "itl_mean_s": statistics.fmean(itls) if itls else None, "itl_p50_s": percentile(itls, 50),
             "alpha": accepted / proposed if proposed else None,
+            "fallback_share": sum(r.fallback for r in ok) / len(ok) if ok else None,
         }
         s = self.server
         passes = s.get("passes", 0.0)
@@ -341,8 +343,8 @@ def markdown(results: dict[str, Any]) -> str:
                  f"{n} {m['num_hidden_layers']}x{m['hidden_size']}" for n, m in results["machine"]["models"].items()),
              "", "## Throughput and latency", "",
              "| scenario | mode | conc. | req | req/s | tok/s | P50 lat s | P99 lat s | P50 TTFT ms | P99 TTFT ms "
-             "| ITL ms | α | τ | k | speedup |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| ITL ms | α | τ | k | fallback | speedup |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     plain_tps = {(s["scenario"], s["concurrency"]): s["tok_per_s"] for s in summaries if s["mode"] == PLAIN}
     for s in summaries:
         base = plain_tps.get((s["scenario"], s["concurrency"])) if s["mode"] != PLAIN else None
@@ -355,9 +357,12 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {_fmt(s['tok_per_s'])} | {_fmt(s['latency_p50_s'], digits=2)} | {_fmt(s['latency_p99_s'], digits=2)} "
             f"| {_fmt(s['ttft_p50_s'], 1e3)} | {_fmt(s['ttft_p99_s'], 1e3)} | {_fmt(s['itl_mean_s'], 1e3, 2)} "
             f"| {_fmt(s['alpha'], digits=2)} | {_fmt(s.get('tau'), digits=2)} | {_fmt(s.get('k_mean'), digits=1)} "
+            f"| {_fmt(s['fallback_share'], 100, 0) + '%' if s['mode'] == SPECULATIVE else '–'} "
             f"| {_fmt(speedup, digits=2)}{'×' if speedup else ''} |")
     lines += ["", "Speedup: tok/s over plain decoding through the same server at the same concurrency (HF rows: "
-              "over our plain decoding at concurrency 1).", "", "## Targets (concurrency 1)", "",
+              "over our plain decoding at concurrency 1). fallback: share of speculative requests whose task profile "
+              "had fallen back to plain decoding (acceptance below the profile's floor).", "",
+              "## Targets (concurrency 1)", "",
               "| scenario | speedup (target) | ours / HF assisted default | ours / HF assisted k | ours / HF greedy "
               "| c | v | bound τ/(kc+v) | speedup / bound | P99 spec / plain |",
               "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -515,7 +520,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                 result.num_output_tokens if result else 0,
                                 int(result.stats.get("total_draft_tokens", 0)) if result else 0,
                                 int(result.stats.get("total_accepted_draft_tokens", 0)) if result else 0,
-                                result.text if result else "", error))
+                                result.text if result else "", error,
+                                bool(result.stats.get("fallback_active", 0)) if result else False))
                     if hf is not None and concurrency == 1:
                         for mode in HF_MODES:
                             bar.set_description(f"{name} HF {mode}")
