@@ -40,3 +40,16 @@ def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(target_dir, draft_dir): a 3-layer target and a 1-layer draft with the same vocabulary."""
     root = tmp_path_factory.mktemp("tiny_pair")
     return (make_tiny_llama(root / "target", 3, seed=1), make_tiny_llama(root / "draft", 1, seed=2))
+
+
+def inprocess_backend(pair: tuple[Path, Path], max_length: int, num_slots: int = 4):
+    """Target and draft engines over the torch runtime, called in this process (no server)."""
+    from specdec.engines import DraftEngine, TargetEngine
+    from specdec.inprocess import InProcessBackend
+    from specdec.runtime.torch_llama import TorchLlamaRuntime
+
+    target_dir, draft_dir = pair
+    return InProcessBackend(
+        TargetEngine(TorchLlamaRuntime(target_dir, num_slots=num_slots, max_length=max_length), idle_timeout_s=60),
+        DraftEngine(TorchLlamaRuntime(draft_dir, num_slots=num_slots, max_length=max_length), idle_timeout_s=60),
+    )

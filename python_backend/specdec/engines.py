@@ -78,6 +78,16 @@ class _Engine:
             )
         return entry
 
+    def step(self, requests: list[StepRequest]) -> list[StepResult]:
+        """Serve one batch of steps; sequences that asked to END are released even if the forward failed."""
+        try:
+            return self._step(requests)
+        finally:
+            self._finish(requests)
+
+    def _step(self, requests: list[StepRequest]) -> list[StepResult]:
+        raise NotImplementedError
+
     def _finish(self, requests: list[StepRequest]) -> None:
         for request in requests:
             if request.end:
@@ -90,12 +100,6 @@ class _Engine:
 
 class TargetEngine(_Engine):
     """Scores proposals: logits (and greedy tokens) for the last `num_logits` positions of each input."""
-
-    def step(self, requests: list[StepRequest]) -> list[StepResult]:
-        try:
-            return self._step(requests)
-        finally:
-            self._finish(requests)
 
     def _step(self, requests: list[StepRequest]) -> list[StepResult]:
         self.slots.evict_idle()
@@ -167,12 +171,6 @@ class DraftEngine(_Engine):
     """Proposes a chain (num_candidates = 1) or a tree of `num_candidates` chains of `num_draft_tokens`
     tokens per sequence in one call, looping inside. Tree rows are scratch: the caller's next
     `past_length` drops them, and the accepted tokens come back as catch-up input."""
-
-    def step(self, requests: list[StepRequest]) -> list[StepResult]:
-        try:
-            return self._step(requests)
-        finally:
-            self._finish(requests)
 
     def _step(self, requests: list[StepRequest]) -> list[StepResult]:
         self.slots.evict_idle()

@@ -7,7 +7,8 @@ import asyncio
 import numpy as np
 import pytest
 import torch
-from specdec.engines import DraftEngine, StepRequest, TargetEngine
+from conftest import inprocess_backend
+from specdec.engines import DraftEngine, StepRequest
 from specdec.errors import InvalidRequestError
 from specdec.generation import GenerationRequest, GenerationStats, SpeculativeGenerator
 from specdec.inprocess import InProcessBackend
@@ -20,11 +21,7 @@ PROMPTS = [[5, 17, 42], [8, 66, 3, 91, 12, 7, 30], [44], [10, 20, 30, 40, 50, 60
 
 @pytest.fixture(scope="module")
 def backend(tiny_pair):
-    target_dir, draft_dir = tiny_pair
-    return InProcessBackend(
-        TargetEngine(TorchLlamaRuntime(target_dir, num_slots=4, max_length=128), idle_timeout_s=60),
-        DraftEngine(TorchLlamaRuntime(draft_dir, num_slots=4, max_length=128), idle_timeout_s=60),
-    )
+    return inprocess_backend(tiny_pair, max_length=128)
 
 
 async def collect(generator: SpeculativeGenerator, request: GenerationRequest, sequence_id: int,

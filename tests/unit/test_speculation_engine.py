@@ -7,9 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import inprocess_backend
 from scipy.stats import chisquare
 from specdec.config import FallbackConfig, SpeculationSettings
-from specdec.engines import DraftEngine, StepRequest, TargetEngine
+from specdec.engines import DraftEngine, StepRequest
 from specdec.fallback import FallbackMonitor
 from specdec.generation import GenerationRequest, GenerationStats, SpeculativeGenerator
 from specdec.inprocess import InProcessBackend
@@ -26,11 +27,7 @@ PROMPTS = [[5, 17, 42], [8, 66, 3, 91, 12, 7, 30], [10, 20, 30, 40, 50, 60, 70, 
 
 @pytest.fixture(scope="module")
 def backend(tiny_pair):
-    target_dir, draft_dir = tiny_pair
-    return InProcessBackend(
-        TargetEngine(TorchLlamaRuntime(target_dir, num_slots=4, max_length=160), idle_timeout_s=60),
-        DraftEngine(TorchLlamaRuntime(draft_dir, num_slots=4, max_length=160), idle_timeout_s=60),
-    )
+    return inprocess_backend(tiny_pair, max_length=160)
 
 
 def settings(k: int, candidates: int = 1, acceptance: str = "greedy", drafter: str = "model",
