@@ -61,3 +61,24 @@ genai-perf: setup genai-perf-env
 
 check-dashboard: setup
 	$(PY) docker/monitoring/dashboard.py --check --schema
+
+# ---- ONNX / TensorRT (docs/TENSORRT.md) ----
+ENGINE_DIR ?= engines
+GPU_DEPLOYMENT ?= build/deployments/gpu.yaml
+.PHONY: export-onnx engines engines-plan measure-runtimes gpu-check
+
+export-onnx: setup
+	$(PY) build/export_onnx.py --check
+
+# Needs an NVIDIA GPU and the tensorrt package (pip install -e .[tensorrt]).
+engines: setup
+	$(PY) build/build_engines.py --deployment $(GPU_DEPLOYMENT) --output-dir $(ENGINE_DIR)
+
+engines-plan: setup
+	$(PY) build/build_engines.py --deployment $(GPU_DEPLOYMENT) --output-dir $(ENGINE_DIR) --dry-run
+
+measure-runtimes: setup
+	$(PY) build/measure_runtimes.py --runtimes torch,onnxruntime --repeats 300 --generate
+
+gpu-check:
+	bash build/gpu_check.sh

@@ -42,25 +42,28 @@ def context_ids(tokenizer: TextTokenizer, length: int) -> np.ndarray:
     return np.asarray(ids[:length], dtype=np.int64)
 
 
-def timed(runtime: DecoderRuntime, item: ForwardItem) -> float:
+def timed_batch(runtime: DecoderRuntime, items: list[ForwardItem]) -> float:
     start = time.perf_counter()
-    runtime.forward([item])
+    runtime.forward(items)
     return time.perf_counter() - start
 
 
 def measure_steps(pair: dict[str, tuple[DecoderRuntime, DecoderRuntime]], context: np.ndarray, k: int,
-                  repeats: int, warmup: int) -> dict[str, dict[str, float]]:
+                  repeats: int, warmup: int, batch: int = 1) -> dict[str, dict[str, float]]:
+    """Medians of one draft step, one target step and one verification pass of `batch` sequences (one
+    padded forward, each sequence in its own slot at the same cache length)."""
     past = len(context) - 1
-    step = ForwardItem(0, past, context[-1:])
-    verify = ForwardItem(0, past, np.concatenate([context[-1:], context[:k]]), num_logits=k + 1)
+    step = [ForwardItem(b, past, context[-1:]) for b in range(batch)]
+    verify = [ForwardItem(b, past, np.concatenate([context[-1:], context[:k]]), num_logits=k + 1)
+              for b in range(batch)]
     samples: dict[str, dict[str, list[float]]] = {name: {"draft": [], "target": [], "verify": []} for name in pair}
     for target, draft in pair.values():
         for runtime in (target, draft):
-            runtime.forward([ForwardItem(0, 0, context[:past])])
+            runtime.forward([ForwardItem(b, 0, context[:past]) for b in range(batch)])
     for r in range(warmup + repeats):
         for name, (target, draft) in pair.items():
             for key, runtime, item in (("draft", draft, step), ("target", target, step), ("verify", target, verify)):
-                elapsed = timed(runtime, item)
+                elapsed = timed_batch(runtime, item)
                 if r >= warmup:
                     samples[name][key].append(elapsed)
     report = {}
@@ -122,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads (the CPU deployment uses 1)")
     parser.add_argument("--context", type=int, default=128, help="cache length at which steps are timed")
     parser.add_argument("--k", type=int, default=6, help="draft tokens per verification pass")
+    parser.add_argument("--batch", type=int, default=1, help="sequences per forward (concurrent generations)")
     parser.add_argument("--repeats", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--generate", action="store_true", help="also time whole generations")
@@ -134,16 +138,16 @@ def main(argv: list[str] | None = None) -> int:
     max_length = max(args.context + args.k + 2, 512)
     def runtime(name: str, folder: Path, model: str) -> DecoderRuntime:
         engine_dir = args.engine_dir / model if name == "tensorrt" and args.engine_dir else None
-        return build_runtime(name, folder, num_slots=1, max_length=max_length, device=args.device,
+        return build_runtime(name, folder, num_slots=max(args.batch, 1), max_length=max_length, device=args.device,
                              num_threads=args.threads, engine_dir=engine_dir)
 
     pair = {name: (runtime(name, args.target, "target_model"), runtime(name, args.draft, "draft_model"))
             for name in names}
     tokenizer = TextTokenizer(args.target)
-    steps = measure_steps(pair, context_ids(tokenizer, args.context), args.k, args.repeats, args.warmup)
+    steps = measure_steps(pair, context_ids(tokenizer, args.context), args.k, args.repeats, args.warmup, args.batch)
     result: dict = {"setup": {key: str(value) for key, value in vars(args).items()}, "steps": steps}
-    print(f"per-step medians at context {args.context}, k={args.k}, {args.repeats} interleaved repeats, "
-          f"{args.threads} thread(s):")
+    print(f"per-step medians at context {args.context}, k={args.k}, batch {args.batch}, {args.repeats} interleaved"
+          f" repeats, {args.threads} thread(s):")
     print(f"  {'runtime':<12} {'draft ms':>9} {'target ms':>10} {'verify ms':>10} {'c':>6} {'v':>6}")
     for name, row in steps.items():
         print(f"  {name:<12} {row['draft_step_ms']:9.3f} {row['target_step_ms']:10.3f} {row['verify_step_ms']:10.3f}"
