@@ -32,7 +32,7 @@ from typing import Any
 import tritonclient.grpc as grpcclient
 
 from specdec_client.api import grpc_inputs
-from specdec_client.server import TritonServer, free_port, session_processes
+from specdec_client.server import TritonServer, free_port, model_processes, session_processes
 
 PROMPTS = Path(__file__).resolve().parent / "prompts" / "smoke.json"
 SLOTS_METRIC = "specdec_kv_slots_in_use"
@@ -52,15 +52,23 @@ def require_loopback(address: str) -> None:
     raise SystemExit(f"refusing to send load to {address}: loopback only (127.0.0.1)")
 
 
+def process_resident_bytes(pid: int) -> int:
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def resident_bytes(session_id: int) -> int:
     """Sum of VmRSS over the processes of the server's session (shared pages count once per process)."""
-    total = 0
-    for pid in session_processes(session_id):
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-    return total
+    return sum(process_resident_bytes(pid) for pid in session_processes(session_id))
+
+
+def resident_mb_by_process(session_id: int) -> dict[str, float]:
+    """VmRSS in MB of tritonserver and of each model instance's process."""
+    by_name = {"tritonserver": session_id, **model_processes(session_id)}
+    return {name: round(process_resident_bytes(pid) / 2**20, 1) for name, pid in sorted(by_name.items())}
 
 
 def kv_slots_in_use(metrics_url: str) -> int | None:
@@ -110,6 +118,8 @@ class SoakReport:
     memory_growth_pct: float | None = None
     final_kv_slots_in_use: int | None = None
     slots_drained_s: float | None = None
+    warm_mb_by_process: dict[str, float] = field(default_factory=dict)
+    final_mb_by_process: dict[str, float] = field(default_factory=dict)
 
     @property
     def error_count(self) -> int:
@@ -135,6 +145,9 @@ class SoakReport:
         lines.append(f"memory after warm-up {self.warm_resident_mb} MB -> after the run {self.final_resident_mb} MB "
                      f"({growth}); KV slots in use after the run: {self.final_kv_slots_in_use}"
                      + ("" if self.slots_drained_s is None else f" (drained {self.slots_drained_s:.1f} s after)"))
+        for name, final in self.final_mb_by_process.items():
+            warm = self.warm_mb_by_process.get(name)
+            lines.append(f"  {name:26s} {warm!s:>8} MB -> {final:8.1f} MB")
         return "\n".join(lines)
 
 
@@ -253,6 +266,8 @@ class Soak:
                 self._stop.set()
             if now >= next_sample:
                 report.samples.append(self._sample(started))
+                if not report.warm_mb_by_process and report.samples[-1].t_s >= self.warmup_s and self.server_session:
+                    report.warm_mb_by_process = resident_mb_by_process(self.server_session)
                 if on_sample:
                     on_sample(report.samples[-1])
                 next_sample += self.sample_s
@@ -275,6 +290,8 @@ class Soak:
         report.final_kv_slots_in_use = slots
         report.slots_drained_s = round(time.monotonic() - ended, 1) if slots == 0 else None
         report.samples.append(self._sample(started))
+        if self.server_session:
+            report.final_mb_by_process = resident_mb_by_process(self.server_session)
 
     def _fill(self, report: SoakReport) -> None:
         report.requests = self._issued

@@ -145,8 +145,8 @@ def test_request_timeout_is_a_generation_deadline(server):
 def test_many_requests_with_a_third_cancelled_leave_no_slot_held(server):
     """The short version of `make soak-cancel` (1000 requests, 30% cancelled mid-stream)."""
     report = Soak(server.grpc_url, server.metrics_url, server.process.pid, concurrency=8, duration_s=120,
-                  max_requests=60, cancel_fraction=0.3, max_tokens=(48, 96), sample_s=5, warmup_s=0).run()
+                  max_requests=40, cancel_fraction=0.3, max_tokens=(48, 96), sample_s=5, warmup_s=0).run()
     print(report.text())
     assert report.error_count == 0, report.errors
-    assert report.cancelled >= 8 and report.completed + report.cancelled == report.requests == 60
+    assert report.cancelled >= 5 and report.completed + report.cancelled == report.requests == 40
     assert report.final_kv_slots_in_use == 0

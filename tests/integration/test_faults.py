@@ -24,6 +24,7 @@ import requests
 import tritonclient.grpc as grpcclient
 import yaml
 from google.protobuf import text_format
+from specdec_client import health
 from specdec_client.api import GenerationError, generate_grpc, grpc_inputs
 from specdec_client.server import ADMIN_KEY_HEADER, SHM_DIR, SHM_PREFIX, TritonServer, free_port, session_processes
 from specdec_client.soak import kv_slots_in_use
@@ -91,11 +92,14 @@ def fault_server(tmp_path_factory: pytest.TempPathFactory):
     server = TritonServer(model_repository=build_repository(root / "repo"), http_port=free_port(),
                           grpc_port=free_port(), metrics_port=free_port(), log_file=root / "server.log",
                           model_control_mode="explicit")
-    try:
-        server.start(timeout_s=240)
-    except Exception:
-        print(server.log_file.read_text()[-5000:] if server.log_file.exists() else "no server log")
-        raise
+    for attempt in (1, 2):  # under heavy CPU load the Python backend can die at start-up (boost lock_exception)
+        try:
+            server.start(timeout_s=240)
+            break
+        except RuntimeError:
+            print(server.log_file.read_text()[-3000:] if server.log_file.exists() else "no server log")
+            if attempt == 2:
+                raise
     yield server
     server.stop()
 
@@ -223,12 +227,16 @@ def test_a_killed_model_process_gives_clean_errors_and_leaves_no_orphans(fault_s
     target = [pid for pid in processes
               if "target_model" in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")]
     assert len(target) == 1
+    assert health.check(fault_server.http_url, timeout_s=30) is None
     os.kill(target[0], signal.SIGKILL)
     started = time.monotonic()
     resp = http_generate(fault_server, text_input="hi", max_tokens=4)
     assert resp.status_code == MODEL_ERROR_HTTP_STATUS and "not healthy" in resp.json()["error"]
     assert time.monotonic() - started < 30
     assert fault_server.dead_model_processes() == {"target_model_0_0": target[0]}
+    # Triton still says live and ready; the deep check (a generation) does not.
+    assert requests.get(f"http://{fault_server.http_url}/v2/health/ready", timeout=10).status_code == 200
+    assert "not healthy" in health.check(fault_server.http_url, timeout_s=30)
     regions = fault_server.note_shm_regions() | shm_before_start
     session = fault_server.process.pid
     assert len(session_processes(session)) >= 5
