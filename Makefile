@@ -82,3 +82,18 @@ measure-runtimes: setup
 
 gpu-check:
 	bash build/gpu_check.sh
+
+# ---- Reliability (docs/RELIABILITY.md): long runs on loopback, outside the default suite ----
+.PHONY: soak soak-cancel hostile-corpus
+# 10 minutes at concurrency 32 on a server of its own: errors, P50/P99, resident memory and KV slots over time.
+soak: setup
+	$(PY) -m specdec_client.soak --start-server --concurrency 32 --duration-s 600 --max-requests 100000
+
+# 1000 requests, 30% cancelled mid-stream: KV slots in use must return to 0 and memory stay flat.
+soak-cancel: setup
+	$(PY) -m specdec_client.soak --start-server --concurrency 32 --duration-s 3600 --max-requests 1000 \
+	  --cancel-fraction 0.3 --sample-s 15
+
+# Regenerate tests/data/hostile_requests.jsonl (deterministic).
+hostile-corpus: setup
+	$(PY) tests/reliability/make_hostile_corpus.py
