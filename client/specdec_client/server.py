@@ -221,27 +221,29 @@ class TritonServer:
         if proc is None:
             return
         self.note_shm_regions()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        # Model stubs share the server's process group (start_new_session above).
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        deadline = time.monotonic() + timeout_s
-        while session_processes(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        for name in self._shm_seen:
-            with contextlib.suppress(FileNotFoundError):
-                (SHM_DIR / name).unlink()
-        with contextlib.suppress(OSError):
-            for mark in (SHM_DIR / f"{ABANDONED_PREFIX}{proc.pid}").iterdir():
-                mark.unlink()
-            (SHM_DIR / f"{ABANDONED_PREFIX}{proc.pid}").rmdir()
-        self.process = None
+        try:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        finally:  # even when a second Ctrl-C interrupts the wait
+            # Model stubs share the server's process group (start_new_session above).
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            deadline = time.monotonic() + timeout_s
+            while session_processes(proc.pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            for name in self._shm_seen:
+                with contextlib.suppress(FileNotFoundError):
+                    (SHM_DIR / name).unlink()
+            with contextlib.suppress(OSError):
+                for mark in (SHM_DIR / f"{ABANDONED_PREFIX}{proc.pid}").iterdir():
+                    mark.unlink()
+                (SHM_DIR / f"{ABANDONED_PREFIX}{proc.pid}").rmdir()
+            self.process = None
 
     def __enter__(self) -> TritonServer:
         return self.start()
