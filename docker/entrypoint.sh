@@ -161,5 +161,8 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
   # No GPU: no GPU metrics, no pinned host memory (both would only log warnings).
   args+=(--allow-gpu-metrics=false --pinned-memory-pool-byte-size=0)
 fi
+# tritonserver 2.51 parses HTTP JSON recursively on its threads' stacks: a ~200 KB body of nested brackets
+# overflows the usual 8 MiB (docs/SECURITY.md). A larger stack limit is inherited by its threads.
+ulimit -s "${SPECDEC_STACK_KIB:-65536}" 2>/dev/null || log "could not raise the stack limit; cap request bodies in front"
 log "exec $TRITONSERVER ${args[*]} $*"
 exec "$TRITONSERVER" "${args[@]}" "$@"
