@@ -42,7 +42,7 @@ def tiny_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return (make_tiny_llama(root / "target", 3, seed=1), make_tiny_llama(root / "draft", 1, seed=2))
 
 
-def inprocess_backend(pair: tuple[Path, Path], max_length: int, num_slots: int = 4):
+def _inprocess_backend(pair: tuple[Path, Path], max_length: int, num_slots: int = 4):
     """Target and draft engines over the torch runtime, called in this process (no server)."""
     from specdec.engines import DraftEngine, TargetEngine
     from specdec.inprocess import InProcessBackend
@@ -53,3 +53,9 @@ def inprocess_backend(pair: tuple[Path, Path], max_length: int, num_slots: int =
         TargetEngine(TorchLlamaRuntime(target_dir, num_slots=num_slots, max_length=max_length), idle_timeout_s=60),
         DraftEngine(TorchLlamaRuntime(draft_dir, num_slots=num_slots, max_length=max_length), idle_timeout_s=60),
     )
+
+
+@pytest.fixture(scope="session")
+def make_inprocess_backend():
+    """Factory of in-process backends: `make_inprocess_backend(pair, max_length)`."""
+    return _inprocess_backend

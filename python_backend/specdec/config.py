@@ -102,6 +102,7 @@ class SpeculationSettings:
     num_candidates: int
     acceptance: str
     verify_threshold: float
+    explicit_length: bool = False  # the request fixed num_draft_tokens: the profile's fallback does not apply
 
     @property
     def adaptive(self) -> bool:
@@ -139,7 +140,7 @@ def resolve(config: SpeculationConfig, task: str, prompt_text: str | None, *, nu
     if sampling and acceptance is None and settings.acceptance == "greedy":
         settings = replace(settings, acceptance="rejection")  # the lossless rule for sampled decoding
     if num_draft_tokens is not None:
-        settings = replace(settings, min_length=num_draft_tokens, max_length=num_draft_tokens)
+        settings = replace(settings, min_length=num_draft_tokens, max_length=num_draft_tokens, explicit_length=True)
     if num_candidates is not None:
         settings = replace(settings, num_candidates=num_candidates)
     if acceptance is not None:

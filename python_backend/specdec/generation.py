@@ -59,7 +59,7 @@ class GenerationRequest:
         k = self.num_draft_tokens
         return SpeculationSettings(task="text", drafter="model", min_length=k, max_length=k, num_candidates=1,
                                    acceptance="greedy" if self.sampling.greedy else "rejection",
-                                   verify_threshold=0.7)
+                                   verify_threshold=0.7, explicit_length=True)
 
 
 @dataclass
@@ -233,8 +233,10 @@ class _Run:
         s = self.settings
         if not self.speculate:
             return 0
-        allowed = self.monitor.allow_speculation() if self.monitor is not None else True
-        self.stats.fallback_active = bool(self.monitor is not None and self.monitor.active)
+        # A request that fixed its own length overrides the profile's automatic fallback (its results
+        # still feed the monitor); everything else follows the profile's state.
+        allowed = self.monitor.allow_speculation() if self.monitor is not None and not s.explicit_length else True
+        self.stats.fallback_active = bool(self.monitor is not None and self.monitor.active and not s.explicit_length)
         if not allowed:
             return 0
         k = s.min_length

@@ -7,7 +7,6 @@ import asyncio
 import numpy as np
 import pytest
 import torch
-from conftest import inprocess_backend
 from specdec.engines import DraftEngine, StepRequest
 from specdec.errors import InvalidRequestError
 from specdec.generation import GenerationRequest, GenerationStats, SpeculativeGenerator
@@ -20,8 +19,8 @@ PROMPTS = [[5, 17, 42], [8, 66, 3, 91, 12, 7, 30], [44], [10, 20, 30, 40, 50, 60
 
 
 @pytest.fixture(scope="module")
-def backend(tiny_pair):
-    return inprocess_backend(tiny_pair, max_length=128)
+def backend(tiny_pair, make_inprocess_backend):
+    return make_inprocess_backend(tiny_pair, max_length=128)
 
 
 async def collect(generator: SpeculativeGenerator, request: GenerationRequest, sequence_id: int,

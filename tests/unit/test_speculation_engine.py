@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import inprocess_backend
 from scipy.stats import chisquare
 from specdec.config import FallbackConfig, SpeculationSettings
 from specdec.engines import DraftEngine, StepRequest
@@ -26,8 +25,8 @@ PROMPTS = [[5, 17, 42], [8, 66, 3, 91, 12, 7, 30], [10, 20, 30, 40, 50, 60, 70, 
 
 
 @pytest.fixture(scope="module")
-def backend(tiny_pair):
-    return inprocess_backend(tiny_pair, max_length=160)
+def backend(tiny_pair, make_inprocess_backend):
+    return make_inprocess_backend(tiny_pair, max_length=160)
 
 
 def settings(k: int, candidates: int = 1, acceptance: str = "greedy", drafter: str = "model",
@@ -158,3 +157,17 @@ def test_adaptive_length_stays_in_range(backend):
     run(generator, GenerationRequest(PROMPTS[0], 60, settings=settings(2, k_max=7)), stats=Spy())
     # Only the last iterations may go under the range: k never exceeds the tokens still wanted.
     assert lengths and all(k <= 7 for k in lengths) and all(k >= 2 for k in lengths[:-2])
+
+
+def test_an_explicit_length_overrides_the_profiles_fallback(backend):
+    now = [0.0]
+    monitor = FallbackMonitor("text", FallbackConfig(0.99, window_s=10.0, min_draft_tokens=1, probe_interval_s=1e9),
+                              clock=lambda: now[0])
+    now[0] = 20.0
+    monitor.record(8, 0)
+    assert monitor.active
+    generator = SpeculativeGenerator(backend, 160, monitors={"text": monitor})
+    stats = GenerationStats()
+    explicit = SpeculationSettings("text", "model", 4, 4, 1, "greedy", 0.7, explicit_length=True)
+    run(generator, GenerationRequest(PROMPTS[0], 24, settings=explicit), stats=stats)
+    assert stats.verification_passes > 8 and not stats.fallback_active
