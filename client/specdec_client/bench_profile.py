@@ -64,6 +64,8 @@ def classify(stack: str, process: str) -> str | None:
     frames = stack.split(";")
     if process == "speculative_decoding" and not any("run_forever" in f for f in frames):
         return None  # the stub's executor threads block in C++ while a BLS call is in flight
+    if process != "speculative_decoding" and any("Thread._bootstrap" in f for f in frames):
+        return None  # not the stub's main thread (e.g. the memory sampler sleeping in specdec.metrics)
     for frame in reversed(frames):
         for category, needle in CATEGORIES[process]:
             if needle in frame:

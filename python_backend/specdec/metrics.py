@@ -43,7 +43,8 @@ ERROR_KINDS = ("invalid_argument", "unsupported", "capacity", "sequence_state", 
 
 # ---- windows and throttles ----
 ACCEPTANCE_WINDOW_S = 60.0  # the windowed acceptance-rate and mean-accepted-length gauges look back this far
-MEMORY_UPDATE_INTERVAL_S = 5.0  # each model process samples its memory this often
+GAUGE_INTERVAL_S = 1.0  # each model process publishes its slot / in-flight gauges this often (when changed)
+MEMORY_EVERY = 5  # ... and samples its memory every this many intervals
 
 # ---- histogram buckets (seconds) ----
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -275,12 +276,15 @@ class GenerationMetrics:
         return RequestTimer(task=task, started=self.clock(), clock=self.clock)
 
     def begin_generation(self) -> None:
+        """Count a generation in flight (published by ProcessMetrics, off the request path)."""
         self._active += 1
-        self.sink.set(ACTIVE_REQUESTS, {MODEL: self.model, INSTANCE: self.instance}, self._active)
 
     def end_generation(self) -> None:
         self._active -= 1
-        self.sink.set(ACTIVE_REQUESTS, {MODEL: self.model, INSTANCE: self.instance}, self._active)
+
+    @property
+    def active(self) -> int:
+        return self._active
 
     def finish(self, timer: RequestTimer, outcome: str, error: BaseException | None = None) -> None:
         """Record one request: its outcome, token counts, timings and (for speculation) the window gauges."""
@@ -355,54 +359,55 @@ def process_memory() -> ProcessMemory:
 
 
 class ProcessMetrics:
-    """Memory and KV-slot gauges of one model instance process; cheap to call on every execute().
+    """Gauges of one model instance process, published by a background thread, never on the request path.
 
-    Reading /proc/self/smaps_rollup walks the page tables (milliseconds for a process with torch loaded), so
-    with `background=True` a daemon thread samples memory every `interval_s` and `update()` only publishes
-    the latest sample; the metric calls themselves stay on the caller's thread.
+    Each metric update is a round trip from the model process to the server; inside a decoder's execute()
+    that round trip was measured at milliseconds on a loaded machine (py-spy, docs/BENCHMARKS.md), and
+    reading /proc/self/smaps_rollup walks the page tables. So a daemon thread publishes, every `interval_s`,
+    the `gauges` (name -> callable, e.g. KV slots in use) whose value changed, and every `memory_every`
+    intervals the process's RSS/PSS/USS. `background=False` leaves the ticking to the caller (`publish()`).
     """
 
-    def __init__(self, sink: MetricSink, model: str, instance: str, num_slots: int | None = None,
-                 kv_cache_bytes: int | None = None, clock: Callable[[], float] = time.monotonic,
-                 interval_s: float = MEMORY_UPDATE_INTERVAL_S, background: bool = True) -> None:
+    def __init__(self, sink: MetricSink, model: str, instance: str,
+                 gauges: Mapping[MetricSpec, Callable[[], float]] | None = None, num_slots: int | None = None,
+                 kv_cache_bytes: int | None = None, interval_s: float = GAUGE_INTERVAL_S,
+                 memory_every: int = MEMORY_EVERY, background: bool = True) -> None:
         self.sink = sink
         self.labels = {MODEL: model, INSTANCE: instance}
-        self.clock = clock
+        self.gauges = dict(gauges or {})
         self.interval_s = interval_s
-        self._next_memory = 0.0
-        self._slots_in_use: int | None = None
-        self._sample: ProcessMemory | None = process_memory()
-        self._published: ProcessMemory | None = None
+        self.memory_every = memory_every
+        self._ticks = 0
+        self._last: dict[str, float] = {}
+        self._stop = threading.Event()
         if num_slots is not None:
             sink.set(KV_SLOTS, self.labels, num_slots)
         if kv_cache_bytes is not None:
             sink.set(KV_CACHE_BYTES, self.labels, kv_cache_bytes)
-        self._background = background
+        self.publish()
         if background:
-            threading.Thread(target=self._sample_forever, name="specdec-memory-sampler", daemon=True).start()
-        self.update()
+            threading.Thread(target=self._run, name="specdec-metrics", daemon=True).start()
 
-    def _sample_forever(self) -> None:
-        while True:
-            time.sleep(self.interval_s)
-            self._sample = process_memory()
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.publish()
 
-    def update(self, slots_in_use: int | None = None) -> None:
-        """Set the slot gauge when it changed and the memory gauges when there is a new sample."""
-        if slots_in_use is not None and slots_in_use != self._slots_in_use:
-            self._slots_in_use = slots_in_use
-            self.sink.set(KV_SLOTS_IN_USE, self.labels, slots_in_use)
-        if not self._background:
-            now = self.clock()
-            if now >= self._next_memory:
-                self._next_memory = now + self.interval_s
-                self._sample = process_memory()
-        memory = self._sample
-        if memory is None or memory is self._published:
-            return
-        self._published = memory
-        self.sink.set(RESIDENT_MEMORY, self.labels, memory.rss)
-        if memory.pss is not None:
-            self.sink.set(PROPORTIONAL_MEMORY, self.labels, memory.pss)
-        if memory.uss is not None:
-            self.sink.set(UNIQUE_MEMORY, self.labels, memory.uss)
+    def publish(self) -> None:
+        """One tick: the gauges that changed, and the memory gauges every `memory_every` ticks."""
+        for spec, read in self.gauges.items():
+            value = float(read())
+            if self._last.get(spec.name) != value:
+                self._last[spec.name] = value
+                self.sink.set(spec, self.labels, value)
+        if self._ticks % self.memory_every == 0:
+            memory = process_memory()
+            self.sink.set(RESIDENT_MEMORY, self.labels, memory.rss)
+            if memory.pss is not None:
+                self.sink.set(PROPORTIONAL_MEMORY, self.labels, memory.pss)
+            if memory.uss is not None:
+                self.sink.set(UNIQUE_MEMORY, self.labels, memory.uss)
+        self._ticks += 1
+
+    def close(self) -> None:
+        """Stop the publishing thread (before the sink's metrics are dropped)."""
+        self._stop.set()

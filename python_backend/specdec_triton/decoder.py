@@ -12,7 +12,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from specdec.engines import DraftEngine, StepRequest, StepResult, TargetEngine
 from specdec.errors import InvalidRequestError
-from specdec.metrics import ProcessMetrics
+from specdec.metrics import KV_SLOTS_IN_USE, ProcessMetrics
 from specdec.runtime import build_runtime
 from specdec.sampling import SamplingParams
 
@@ -79,7 +79,9 @@ class DecoderModel:
         engine_class = DraftEngine if params["role"] == "draft" else TargetEngine
         self.engine = engine_class(runtime, idle_timeout_s=float(params["idle_timeout_s"]))
         self.metric_sink = TritonMetricSink()
+        engine = self.engine
         self.metrics = ProcessMetrics(self.metric_sink, args["model_name"], args["model_instance_name"],
+                                      gauges={KV_SLOTS_IN_USE: lambda: engine.slots_in_use},
                                       num_slots=runtime.num_slots,
                                       kv_cache_bytes=getattr(runtime, "kv_cache_bytes", None))
 
@@ -101,12 +103,11 @@ class DecoderModel:
             for i in positions:
                 responses[i] = error_response(exc)
             return responses
-        finally:
-            self.metrics.update(self.engine.slots_in_use)
         for i, result in zip(positions, results, strict=True):
             responses[i] = write_result(result)
         return responses
 
     def finalize(self) -> None:
+        self.metrics.close()
         self.engine = None
         self.metric_sink.close()

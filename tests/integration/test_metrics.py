@@ -88,7 +88,10 @@ def test_metrics_agree_with_the_responses(server, all_prompts):
         assert delta.total(TTFT.name + "_bucket", **labels, le="+Inf") == len(requests)
     assert 0 < delta.total(TTFT.name + "_sum", **json_) <= sum(r.time_to_first_token_s for r in spec)
 
-    # Resources: every model process reports memory; slots are all free again; nothing is in flight.
+    # Resources: every model process reports memory; slots are all free again; nothing is in flight (these
+    # gauges are published by a background thread every second).
+    after = wait_for(server.metrics_url, lambda now: now.total(KV_SLOTS_IN_USE.name) == 0
+                     and now.total(ACTIVE_REQUESTS.name, model=MODEL) == 0)
     for model in ("target_model", "draft_model", MODEL):
         assert after.total(RESIDENT_MEMORY.name, model=model) > 20 << 20, model
         assert 0 < after.total(UNIQUE_MEMORY.name, model=model) <= after.total(PROPORTIONAL_MEMORY.name, model=model)

@@ -141,7 +141,7 @@ def test_recorded_figures_equal_the_requests_stats(generator):
     assert sink.total(m.SPECULATION_LENGTH, task="code") == 0
     assert sink.total(m.FALLBACK_ACTIVE) == 0
     assert sink.total(m.ACCEPTANCE_RATE, task="code") == 0  # plain decoding never sets the window gauges
-    assert sink.total(m.ACTIVE_REQUESTS) == 0
+    assert metrics.active == 0
     assert sink.total(m.ERRORS) == 0
 
 
@@ -168,9 +168,7 @@ def test_draft_failures_are_errors_and_fallback():
     assert sink.total(m.FALLBACK_ACTIVE) == 1 and sink.total(m.SPECULATION_LENGTH) == 0
 
 
-def test_process_metrics_set_slots_on_change_and_memory_at_most_once_per_interval():
-    """(Synchronous sampling here; in the servers a background thread samples.)"""
-    clock = FakeClock()
+def test_process_metrics_publish_changed_gauges_and_memory_every_few_ticks():
     sink = m.InMemorySink()
     calls: list[str] = []
     original = sink.set
@@ -180,37 +178,37 @@ def test_process_metrics_set_slots_on_change_and_memory_at_most_once_per_interva
         original(spec, labels, value)
 
     sink.set = counting_set  # type: ignore[method-assign]
-    proc = m.ProcessMetrics(sink, "target_model", "target_model_0", num_slots=16, kv_cache_bytes=1 << 20, clock=clock,
-                            background=False)
+    slots = [0]
+    proc = m.ProcessMetrics(sink, "target_model", "target_model_0", gauges={m.KV_SLOTS_IN_USE: lambda: slots[0]},
+                            num_slots=16, kv_cache_bytes=1 << 20, memory_every=3, background=False)
     assert sink.total(m.KV_SLOTS) == 16 and sink.total(m.KV_CACHE_BYTES) == 1 << 20
+    assert sink.total(m.KV_SLOTS_IN_USE) == 0
     rss = sink.total(m.RESIDENT_MEMORY)
     assert rss > 10 << 20  # this Python process with torch loaded
     assert 0 < sink.total(m.UNIQUE_MEMORY) <= sink.total(m.PROPORTIONAL_MEMORY) <= rss
     calls.clear()
-    proc.update(2)
-    proc.update(2)
-    proc.update(3)
-    assert calls == [m.KV_SLOTS_IN_USE.name, m.KV_SLOTS_IN_USE.name]
-    assert sink.total(m.KV_SLOTS_IN_USE) == 3
-    clock.now += m.MEMORY_UPDATE_INTERVAL_S
-    proc.update(3)
-    assert m.RESIDENT_MEMORY.name in calls
+    proc.publish()  # tick 1: nothing changed, no memory tick
+    slots[0] = 2
+    proc.publish()  # tick 2: slots changed
+    assert calls == [m.KV_SLOTS_IN_USE.name] and sink.total(m.KV_SLOTS_IN_USE) == 2
+    calls.clear()
+    proc.publish()  # tick 3: memory
+    assert m.KV_SLOTS_IN_USE.name not in calls and m.RESIDENT_MEMORY.name in calls
 
 
-def test_background_sampler_publishes_new_samples_only():
+def test_background_thread_publishes_without_the_request_path():
     sink = m.InMemorySink()
-    proc = m.ProcessMetrics(sink, "draft_model", "draft_model_0", interval_s=0.05)
-    first = sink.total(m.RESIDENT_MEMORY)
-    assert first > 0
-    sample = proc._sample
-    proc.update()
-    assert proc._published is sample  # nothing new: no metric call
-    deadline = time.monotonic() + 5
-    while proc._sample is sample and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert proc._sample is not sample
-    proc.update()
-    assert proc._published is proc._sample
+    active = [0]
+    proc = m.ProcessMetrics(sink, "speculative_decoding", "sd_0", gauges={m.ACTIVE_REQUESTS: lambda: active[0]},
+                            interval_s=0.02)
+    try:
+        active[0] = 3
+        deadline = time.monotonic() + 5
+        while sink.total(m.ACTIVE_REQUESTS) != 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sink.total(m.ACTIVE_REQUESTS) == 3
+    finally:
+        proc.close()
 
 
 def test_every_metric_is_documented():

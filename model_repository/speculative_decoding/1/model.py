@@ -20,7 +20,7 @@ from specdec.errors import DeadlineExceededError, InvalidRequestError
 from specdec.fallback import FallbackMonitor
 from specdec.generation import GenerationRequest, GenerationStats, SpeculativeGenerator
 from specdec.liveness import AbandonedGenerations, StopCheck, generation_deadline_s
-from specdec.metrics import UNKNOWN_TASK, GenerationMetrics, ProcessMetrics, RequestTimer
+from specdec.metrics import ACTIVE_REQUESTS, UNKNOWN_TASK, GenerationMetrics, ProcessMetrics, RequestTimer
 from specdec.params import ServerLimits, parse_request
 from specdec.tokenizer import TextTokenizer
 from specdec_triton.bls import BlsModelBackend
@@ -78,7 +78,9 @@ class TritonPythonModel:
         self.abandoned = AbandonedGenerations.for_this_server()  # marked by postprocessing (specdec.liveness)
         self.metric_sink = TritonMetricSink()
         self.metrics = GenerationMetrics(self.metric_sink, args["model_name"], args["model_instance_name"])
-        self.process_metrics = ProcessMetrics(self.metric_sink, args["model_name"], args["model_instance_name"])
+        metrics = self.metrics
+        self.process_metrics = ProcessMetrics(self.metric_sink, args["model_name"], args["model_instance_name"],
+                                              gauges={ACTIVE_REQUESTS: lambda: metrics.active})
 
     async def execute(self, requests: list) -> None:
         await asyncio.gather(*(self._serve(request) for request in requests))
@@ -114,7 +116,6 @@ class TritonPythonModel:
                 finally:
                     self.metrics.end_generation()
             self.metrics.finish(timer, reason or "cancelled")
-            self.process_metrics.update()
         except CancelledWhileQueued as exc:
             self.metrics.finish(timer, "cancelled")
             sender.send(error_response(exc), flags=FINAL)
@@ -172,5 +173,6 @@ class TritonPythonModel:
         return reason
 
     def finalize(self) -> None:
+        self.process_metrics.close()
         self.metric_sink.close()
         self.abandoned.remove_all()
