@@ -504,7 +504,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     for mode in order:
                         bar.set_description(f"{name} c={concurrency} {mode}")
                         params = {"max_tokens": max_tokens, "stream": True, "task": task,
-                                  "num_draft_tokens": 0 if mode == PLAIN else args.num_draft_tokens}
+                                  "num_draft_tokens": 0 if mode == PLAIN else args.num_draft_tokens.get(name)}
                         before = scrape(metrics_url)
                         batch, wall = run_server_batch(url, prompts, params, concurrency, lambda: bar.update(1))
                         time.sleep(0.2)  # metrics are recorded just after the last response
@@ -564,6 +564,13 @@ def fidelity(cells: dict[tuple[str, str, int], Cell]) -> dict[str, dict[str, int
     return out
 
 
+def parse_k(text: str) -> dict[str, int]:
+    """`6` (every scenario) or `json=8,code=6,prose=8`."""
+    if "=" not in text:
+        return dict.fromkeys(("json", "code", "prose"), int(text))
+    return {name: int(k) for name, k in (item.split("=", 1) for item in text.split(","))}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="127.0.0.1:8001", help="gRPC host:port of a running server")
@@ -577,8 +584,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
                         default=list(DEFAULT_CONCURRENCY))
     parser.add_argument("--rounds", type=int, default=2, help="alternating plain/speculative rounds (ABBA)")
-    parser.add_argument("--num-draft-tokens", type=int, default=None,
-                        help="speculative requests' k (default: the server's default for the task)")
+    parser.add_argument("--num-draft-tokens", type=parse_k, default={},
+                        help="speculative requests' k: N for every scenario or json=8,code=6,prose=8 (default: the "
+                             "server's profile for the task; an explicit k also overrides the profile's fallback)")
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face peer")
     parser.add_argument("--hf-fixed-k", type=int, default=6)
     parser.add_argument("--hf-threads", type=int, default=1, help="torch threads of the HF peer (server: 1/model)")
