@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -291,6 +292,10 @@ def machine_info() -> dict[str, Any]:
             config = json.loads(config_path.read_text())
             models[name] = {k: config.get(k) for k in ("num_hidden_layers", "hidden_size", "intermediate_size",
                                                         "num_attention_heads", "vocab_size")}
+            pbtxt = REPO_ROOT / "model_repository" / name / "config.pbtxt"
+            runtime = re.search(r'key: "runtime"\s*value \{\s*string_value: "(\w+)"', pbtxt.read_text()) \
+                if pbtxt.exists() else None
+            models[name]["runtime"] = runtime.group(1) if runtime else None
     return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
             "load_average": os.getloadavg(), "git_commit": commit, "models": models,
             "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -340,7 +345,8 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [f"# bench results ({results['machine']['time_utc']}, commit {results['machine']['git_commit']})", "",
              f"Machine: {results['machine']['cpu']}, {results['machine']['cores']} cores; load average at start "
              f"{results['machine']['load_average'][0]:.2f}. Models: " + ", ".join(
-                 f"{n} {m['num_hidden_layers']}x{m['hidden_size']}" for n, m in results["machine"]["models"].items()),
+                 f"{n} {m['num_hidden_layers']}x{m['hidden_size']} ({m.get('runtime')})"
+                for n, m in results["machine"]["models"].items()),
              "", "## Throughput and latency", "",
              "| scenario | mode | conc. | req | req/s | tok/s | P50 lat s | P99 lat s | P50 TTFT ms | P99 TTFT ms "
              "| ITL ms | α | τ | k | fallback | speedup |",
