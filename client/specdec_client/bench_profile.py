@@ -39,7 +39,7 @@ CATEGORIES: dict[str, tuple[tuple[str, str], ...]] = {
         ("asyncio plumbing", "asyncio/"),
     ),
     "target_model": (
-        ("forward (torch runtime)", "runtime/"), ("engine (slots, batching)", "engines.py"),
+        ("forward (runtime: torch or onnxruntime)", "runtime/"), ("engine (slots, batching)", "engines.py"),
         ("engine (slots, batching)", "kv_cache.py"), ("tensor I/O (decoder adapter)", "decoder.py"),
         ("metrics", "metrics.py"),
     ),
