@@ -7,16 +7,21 @@ GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 export HTTP_PORT GRPC_PORT METRICS_PORT
 
-.PHONY: setup serve test test-unit test-integration lint configs check-configs
+.PHONY: setup onnx-exports serve test test-unit test-integration lint configs check-configs
 .PHONY: bench perf-analyzer genai-perf genai-perf-env check-dashboard
 
 setup:
 	@bash scripts/setup_env.sh
 
-serve: setup
+# The onnxruntime decoders export their ONNX graph on first load when it is missing or stale; doing it here
+# (seconds, skipped when current) keeps that work out of server start-up and test timeouts.
+onnx-exports: setup
+	@$(PY) build/export_onnx.py
+
+serve: setup onnx-exports
 	@exec $(PY) -m specdec_client.server
 
-test: setup
+test: setup onnx-exports
 	$(PY) -m pytest -q tests
 
 test-unit: setup
