@@ -184,7 +184,14 @@ def test_failing_draft_model_degrades_to_plain_decoding_visibly(fault_server):
     assert degraded.text == plain.text  # greedy: plain decoding gives the same tokens
     assert degraded.stats["total_draft_tokens"] == 0 and degraded.stats["fallback_active"] == 1.0
     assert "draft_model failed" in fault_server.log_file.read_text()
-    metrics = requests.get(fault_server.metrics_url, timeout=10).text
+    # The counters are updated after the final response is sent: allow the model a moment.
+    deadline = time.monotonic() + 15
+    while True:
+        metrics = requests.get(fault_server.metrics_url, timeout=10).text
+        if any(line.startswith("specdec_errors_total") and 'kind="draft_failure"' in line
+               for line in metrics.splitlines()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert any(line.startswith("specdec_errors_total") and 'kind="draft_failure"' in line
                for line in metrics.splitlines())
     wait_slots_free(fault_server)
