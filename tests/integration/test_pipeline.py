@@ -35,13 +35,17 @@ def test_prompt_set_covers_three_domains(all_prompts):
 
 @pytest.mark.parametrize("k", range(1, 9))
 def test_greedy_speculation_equals_plain_decoding(server, all_prompts, plain_outputs, k):
+    drafted = 0
     for _, prompt in all_prompts:
         result = ids_of(server, prompt, k)
         assert result.text == plain_outputs[prompt].text, (k, prompt)
-        assert result.stats["total_draft_tokens"] > 0
+        # A second token needs an iteration, which drafts (a first-token end leaves nothing to draft).
+        assert result.stats["total_draft_tokens"] > 0 or result.num_output_tokens < 2
+        drafted += result.stats["total_draft_tokens"]
         assert 0 <= result.stats["total_accepted_draft_tokens"] <= result.stats["total_draft_tokens"]
-        rate = result.stats["total_accepted_draft_tokens"] / result.stats["total_draft_tokens"]
+        rate = result.stats["total_accepted_draft_tokens"] / max(result.stats["total_draft_tokens"], 1)
         assert result.stats["acceptance_rate"] == pytest.approx(rate, abs=1e-6)
+    assert drafted > 0
 
 
 def test_plain_decoding_equals_hugging_face_generate(server, all_prompts, plain_outputs):
@@ -67,7 +71,8 @@ def test_streaming_grpc_and_sse_assemble_to_the_same_text(server, all_prompts, p
         assert grpc_stream.text == plain_outputs[prompt].text
         assert sse.text == plain_outputs[prompt].text
         # Equal concatenations also prove no chunk split a character (each half would decode to U+FFFD).
-        assert len(grpc_stream.chunks) > 1
+        # One chunk per iteration (a few tokens may wait for a whole character).
+        assert len(grpc_stream.chunks) > 1 or grpc_stream.num_output_tokens < 5
 
 
 def test_http_generate_returns_one_response_with_stats(server):

@@ -16,11 +16,14 @@ def text(server, prompt: str, **params) -> str:
 
 @pytest.mark.parametrize("candidates", [2, 3, 5])
 def test_greedy_trees_are_lossless(server, all_prompts, candidates):
+    drafted = 0
     for _, prompt in all_prompts[::3]:
         plain = text(server, prompt, num_draft_tokens=0)
         tree = text(server, prompt, num_draft_tokens=4, num_candidates=candidates)
         assert tree.text == plain.text, prompt
-        assert tree.stats["total_draft_tokens"] > 0
+        assert tree.stats["total_draft_tokens"] > 0 or tree.num_output_tokens < 2
+        drafted += tree.stats["total_draft_tokens"]
+    assert drafted > 0
 
 
 def test_ngram_drafting_is_lossless(server, all_prompts):
