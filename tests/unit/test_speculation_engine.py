@@ -171,3 +171,23 @@ def test_an_explicit_length_overrides_the_profiles_fallback(backend):
     explicit = SpeculationSettings("text", "model", 4, 4, 1, "greedy", 0.7, explicit_length=True)
     run(generator, GenerationRequest(PROMPTS[0], 24, settings=explicit), stats=stats)
     assert stats.verification_passes > 8 and not stats.fallback_active
+
+
+def test_an_expired_draft_slot_is_started_again(backend):
+    generator = SpeculativeGenerator(backend, 160)
+    plain = run(generator, GenerationRequest(PROMPTS[1], 30))
+
+    class ExpiringDraft(InProcessBackend):
+        calls = 0
+
+        async def draft_step(self, request: StepRequest):
+            self.calls += 1
+            if self.calls == 3 and not request.end:  # the slot vanished between two proposals
+                backend.draft.slots.release(request.sequence_id)
+            return await super().draft_step(request)
+
+    expiring = ExpiringDraft(backend.target, backend.draft)
+    stats = GenerationStats()
+    out = run(SpeculativeGenerator(expiring, 160), GenerationRequest(PROMPTS[1], 30, settings=settings(3)), 42, stats)
+    assert out == plain and stats.draft_failures == 0 and stats.verification_passes > 3
+    assert backend.draft.slots_in_use == 0

@@ -9,6 +9,11 @@ from specdec.engines import StepRequest, tree_draft_parents
 from specdec.sampling import SamplingParams, probabilities
 
 
+def _slot_lost(message: str) -> bool:
+    """Errors meaning the sequence's draft state is gone: our slot table's, or Triton's sequence batcher's."""
+    return "has no KV slot" in message or "START flag" in message
+
+
 class DraftModelDrafter:
     """Per-sequence state of the draft model's KV slot: `valid` leading tokens have valid rows."""
 
@@ -24,17 +29,26 @@ class DraftModelDrafter:
                       want_probs: bool) -> Proposal:
         start = not self.started
         self.started = True  # END at release even if this call fails: a failed START can still hold a KV slot
-        result = await self.backend.draft_step(StepRequest(
-            self.sequence_id, past_length=self.valid, input_ids=np.asarray(tokens[self.valid:]),
-            start=start, num_draft_tokens=k, num_candidates=candidates, sampling=sampling,
-            want_logits=want_probs,
-        ))
+        result = await self._draft(tokens, start, k, candidates, sampling, want_probs)
+        if result.error is not None and not start and _slot_lost(str(result.error)):
+            # The draft slot expired while this sequence decoded plainly (fallback longer than the idle
+            # timeout): start it again with the whole context instead of giving up on speculation.
+            self.valid = 0
+            result = await self._draft(tokens, True, k, candidates, sampling, want_probs)
         if result.error is not None:
             raise RuntimeError(f"draft_model: {result.error}")
         self._base = len(tokens)
         self._chain_depth = k if candidates == 1 else 0
         probs = probabilities(result.logits, sampling) if want_probs and result.logits is not None else None
         return Proposal([int(t) for t in result.token_ids], tree_draft_parents(candidates, k), k, probs)
+
+    async def _draft(self, tokens: list[int], start: bool, k: int, candidates: int, sampling: SamplingParams,
+                     want_probs: bool):
+        return await self.backend.draft_step(StepRequest(
+            self.sequence_id, past_length=self.valid, input_ids=np.asarray(tokens[self.valid:]),
+            start=start, num_draft_tokens=k, num_candidates=candidates, sampling=sampling,
+            want_logits=want_probs,
+        ))
 
     def verified(self, accepted: int) -> None:
         """After verification: a chain's rows up to the first rejected token stay valid (its last token
