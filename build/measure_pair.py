@@ -97,29 +97,38 @@ def tau_simulated(runs: list[list[bool]], k: int) -> float:
 
 
 @torch.no_grad()
-def step_times(target, draft, ctx: list[int], ks: list[int], rounds: int) -> dict[str, float]:
-    """Median times (ms) of target/draft single-token steps and target (k+1)-token passes, interleaved."""
+def step_times(target, draft, ctx: list[int], ks: list[int], rounds: int, burst: int = 4) -> dict[str, float]:
+    """Median times (ms) of target/draft single-token steps and target (k+1)-token passes, interleaved.
+
+    ``draft`` is one draft step right after a target pass (cold caches: the target's weights have just
+    streamed through L3); ``draft_burst`` is the mean step of ``burst`` consecutive draft steps, which is
+    how a speculation iteration runs the draft (the drafter loops k times inside one call).
+    """
     from transformers import DynamicCache
 
     tc, dc = DynamicCache(), DynamicCache()
     x = torch.tensor([ctx])
     target(input_ids=x, past_key_values=tc, use_cache=True)
     draft(input_ids=x, past_key_values=dc, use_cache=True)
-    samples: dict[str, list[float]] = {"target": [], "draft": [], **{f"verify{k}": [] for k in ks}}
+    names = ["target", "draft", "draft_burst", *(f"verify{k}" for k in ks)]
+    samples: dict[str, list[float]] = {n: [] for n in names}
     one = torch.tensor([[ctx[-1]]])
     for r in range(rounds + 3):
-        plan = [("target", target, tc, one), ("draft", draft, dc, one)]
-        plan += [(f"verify{k}", target, tc, torch.tensor([ctx[-k - 1:]])) for k in ks]
+        plan = [("target", target, tc, one, 1), ("draft", draft, dc, one, 1), ("draft_burst", draft, dc, one, burst)]
+        plan += [(f"verify{k}", target, tc, torch.tensor([ctx[-k - 1:]]), 1) for k in ks]
         if r % 2:
             plan.reverse()
-        for name, model, cache, inp in plan:
+        for name, model, cache, inp, reps in plan:
             t0 = time.perf_counter()
-            model(input_ids=inp, past_key_values=cache, use_cache=True)
-            dt = time.perf_counter() - t0
-            cache.crop(-inp.shape[1])
+            for _ in range(reps):
+                model(input_ids=inp, past_key_values=cache, use_cache=True)
+            dt = (time.perf_counter() - t0) / reps
+            cache.crop(-inp.shape[1] * reps)
             if r >= 3:  # warm-up rounds
                 samples[name].append(dt * 1e3)
-    return {name: statistics.median(v) for name, v in samples.items()}
+    out = {name: statistics.median(v) for name, v in samples.items()}
+    out.update({f"{name}_min": min(v) for name, v in samples.items()})
+    return out
 
 
 def distinct4(ids: list[int]) -> float:
@@ -177,10 +186,16 @@ def measure(args: argparse.Namespace) -> dict:
     v = {k: times[f"verify{k}"] / times["target"] for k in ks}
     res["timing_ms"] = {k: round(x, 3) for k, x in times.items()}
     res["c"] = round(c, 4)
+    res["c_burst"] = round(times["draft_burst"] / times["target"], 4)
     res["v"] = {k: round(x, 3) for k, x in v.items()}
+    # minima: the least disturbed sample of each variant (a quiet machine's figure on a shared one)
+    res["c_min"] = round(times["draft_min"] / times["target_min"], 4)
+    res["v_min"] = {k: round(times[f"verify{k}_min"] / times["target_min"], 3) for k in ks}
     print(f"target step {times['target']:.2f} ms, draft step {times['draft']:.2f} ms, c={c:.3f}, "
           f"v={ {k: round(x, 2) for k, x in v.items()} }", file=sys.stderr)
 
+    if args.timing_only:
+        return res
     for dom in args.domains:
         r: dict = {}
         # (a) real held-out text
@@ -214,6 +229,8 @@ def measure(args: argparse.Namespace) -> dict:
         a = r["alpha_greedy_held-out"]
         r["speedup_pred"] = {k: round(tau_formula(a, k) / (k * c + v[k]), 3) for k in ks}
         r["speedup_sim"] = {k: round(r["tau_sim_held-out"][k] / (k * c + v[k]), 3) for k in ks}
+        cb = res["c_burst"]
+        r["speedup_pred_burst"] = {k: round(tau_formula(a, k) / (k * cb + v[k]), 3) for k in ks}
         if "tau_sim_smoke" in r:
             r["speedup_sim_smoke"] = {k: round(r["tau_sim_smoke"][k] / (k * c + v[k]), 3) for k in ks}
         r["best_k"] = max(ks, key=lambda k: r["speedup_pred"][k])
@@ -227,6 +244,68 @@ def measure(args: argparse.Namespace) -> dict:
               f"best k {r['best_k']} -> {r['speedup_pred'][r['best_k']]}x (sim {r['speedup_sim'][r['best_k']]}x)",
               file=sys.stderr)
     return res
+
+
+def _clip(text: str, n: int = 700) -> str:
+    return text if len(text) <= n else text[:n] + " [...]"
+
+
+def _g(d: dict, k: int):
+    """``d[k]`` whether the keys are ints or (after a JSON round trip) strings."""
+    return d.get(str(k), d.get(k))
+
+
+def render_markdown(res: dict, ks_shown: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8, 10)) -> str:
+    """Markdown tables of a :func:`measure` result (pasted into docs/MODELS.md)."""
+    doms = list(res["domains"])
+    t = res["timing_ms"]
+    head = "| k | " + " | ".join(str(k) for k in ks_shown) + " |"
+    rule = "| --- |" + " --- |" * len(ks_shown)
+    lines = [f"Target {res['target_params']:,} parameters, draft {res['draft_params']:,}; {res['dtype']}, "
+             f"{res['threads']} thread(s).", "",
+             f"Step times, median ms: target {t['target']}, draft {t['draft']}, **c = {res['c']}**; "
+             f"minimum ms: target {t.get('target_min')}, draft {t.get('draft_min')}, c_min = {res.get('c_min')}; "
+             f"draft step inside a burst of 4 (median): {t.get('draft_burst')} ms, c_burst = {res.get('c_burst')}.",
+             "", head, rule,
+             "| v(k) | " + " | ".join(str(_g(res["v"], k)) for k in ks_shown) + " |",
+             "| v_min(k) | " + " | ".join(str(_g(res.get("v_min", {}), k)) for k in ks_shown) + " |", "",
+             "| domain | α held-out text | α target greedy (held-out prompts) | α target greedy (smoke prompts) "
+             "| best k | predicted speedup (i.i.d.) | simulated speedup (its best) | simulated, smoke prompts |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for dom in doms:
+        r = res["domains"][dom]
+        k = r["best_k"]
+        sim_best = max(r["speedup_sim"].values())
+        smoke = r.get("speedup_sim_smoke")
+        lines.append(f"| {dom} | {r['alpha_heldout']} | {r['alpha_greedy_held-out']} | "
+                     f"{r.get('alpha_greedy_smoke', '-')} | {k} | {_g(r['speedup_pred'], k)} | "
+                     f"{_g(r['speedup_sim'], k)} ({sim_best}) | {max(smoke.values()) if smoke else '-'} |")
+    lines += ["", "Predicted speedup τ/(k·c+v(k)) by k (i.i.d. τ from α on the target's greedy text):", "",
+              "| domain | " + " | ".join(f"k={k}" for k in ks_shown) + " |", rule]
+    for dom in doms:
+        r = res["domains"][dom]
+        lines.append(f"| {dom} | " + " | ".join(str(_g(r["speedup_pred"], k)) for k in ks_shown) + " |")
+    if all("speedup_pred_burst" in res["domains"][d] for d in doms):
+        lines += ["", "The same with c_burst (the draft's step inside a burst, as a drafter runs it):", "",
+                  "| domain | " + " | ".join(f"k={k}" for k in ks_shown) + " |", rule]
+        for dom in doms:
+            r = res["domains"][dom]
+            lines.append(f"| {dom} | " + " | ".join(str(_g(r["speedup_pred_burst"], k)) for k in ks_shown) + " |")
+    lines += ["", "Distinct-4-gram ratio of the target's greedy continuations (1 = no repeats):"]
+    for dom in doms:
+        r = res["domains"][dom]
+        extra = ""
+        if "json_finished" in r:
+            extra = (f"; {r['json_finished']} JSON continuations ended with `</s>`, "
+                     f"{r['json_valid_of_finished']} of those parse")
+        lines.append(f"- {dom}: {r['distinct4_mean']}{extra}")
+    lines += ["", "### Sample outputs (target, greedy; ⟨⟩ marks where the prompt ends)", ""]
+    for dom in doms:
+        lines.append(f"#### {dom}")
+        for smp in res["domains"][dom]["samples"]:
+            lines += ["", f"({smp['set']} prompt)", "", "```text", smp["prompt"] + "⟨⟩" + _clip(smp["output"]), "```"]
+        lines.append("")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -247,12 +326,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--time-ctx", type=int, default=200, help="context length for timing")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dtype", default="float32", help="runtime dtype (the CPU runtime uses float32)")
+    ap.add_argument("--timing-only", action="store_true", help="only c and v(k)")
     ap.add_argument("--out", type=Path, default=ROOT / "checkpoints" / "measure.json")
     args = ap.parse_args(argv)
     args.domains = args.domains.split(",")
     res = measure(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=2, ensure_ascii=False) + "\n")
+    if not args.timing_only:
+        args.out.with_suffix(".md").write_text(render_markdown(json.loads(json.dumps(res))))
     print(f"wrote {args.out}", file=sys.stderr)
 
 

@@ -174,3 +174,18 @@ def test_import_rejects_vocab_size_mismatch(tiny, tmp_path) -> None:
     draft = _tiny_hf(tiny, tmp_path / "d", vocab=512)
     with pytest.raises(import_checkpoint.IncompatibleCheckpoints, match="vocab_size differs"):
         import_checkpoint.check_compatible(target, draft)
+
+
+def test_measure_pair_tau() -> None:
+    import measure_pair
+
+    assert measure_pair.tau_formula(0.0, 4) == 1.0
+    assert measure_pair.tau_formula(1.0, 4) == 5.0
+    assert abs(measure_pair.tau_formula(0.5, 2) - 1.75) < 1e-9
+    # all matches: every pass emits k+1 tokens (the last pass is cut by the end of the sequence)
+    assert measure_pair.tau_simulated([[True] * 8], k=3) == 4.0
+    # no match: one token per pass
+    assert measure_pair.tau_simulated([[False] * 5], k=3) == 1.0
+    # T T F | T F: passes emit 3 (two accepted + bonus), then 2
+    assert measure_pair.tau_simulated([[True, True, False, True, False]], k=4) == 2.5
+    assert measure_pair.distinct4([1, 2, 3, 4] * 5) < 0.3 < measure_pair.distinct4(list(range(20)))
