@@ -27,19 +27,36 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python_backend"))
 
 from corpora import DOMAINS, read_jsonl  # noqa: E402
+from specdec.checkpoint import expand_logits, logit_gather_map, read_proposal_vocab  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GEN_TOKENS = {"json": 128, "code": 256, "prose": 512}
 SMOKE_KEYS = {"json": "json", "code": "code", "prose": "text"}
 
 
+class SubsetHead(torch.nn.Module):
+    """An output layer restricted to a draft's proposal vocabulary, as the serving runtimes compute it."""
+
+    def __init__(self, weight: torch.Tensor, proposal_ids: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(weight[proposal_ids].clone(), requires_grad=False)
+        self.register_buffer("gather", logit_gather_map(proposal_ids, weight.shape[0]))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return expand_logits(torch.nn.functional.linear(hidden, self.weight), self.gather)
+
+
 def load(path: Path, dtype: torch.dtype):
-    """Load a causal LM and its tokenizer from a local folder."""
+    """Load a causal LM and its tokenizer from a local folder (a draft's proposal vocabulary applied)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
+    proposal_ids = read_proposal_vocab(path, model.config.vocab_size)
+    if proposal_ids is not None:
+        model.lm_head = SubsetHead(model.lm_head.weight.detach(), proposal_ids)
     return model, AutoTokenizer.from_pretrained(str(path))
 
 
@@ -177,7 +194,10 @@ def measure(args: argparse.Namespace) -> dict:
     ks = list(range(1, args.k_max + 1))
     res: dict = {"target": str(args.target), "draft": str(args.draft), "dtype": args.dtype, "threads": args.threads,
                  "target_params": sum(p.numel() for p in target.parameters()),
-                 "draft_params": sum(p.numel() for p in draft.parameters()), "domains": {}}
+                 "draft_params": sum(p.numel() for n, p in draft.named_parameters() if not n.startswith("lm_head.")
+                                     or not isinstance(draft.lm_head, SubsetHead)),
+                 "draft_proposal_vocab": len(draft.lm_head.weight) if isinstance(draft.lm_head, SubsetHead) else None,
+                 "domains": {}}
 
     # timing first, on a quiet process: context of ~prompt + half a generation
     ctx = tok(read_jsonl(args.corpora / "prose" / "valid.jsonl")[0]["text"])["input_ids"][:args.time_ctx]
@@ -261,8 +281,10 @@ def render_markdown(res: dict, ks_shown: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 8,
     t = res["timing_ms"]
     head = "| k | " + " | ".join(str(k) for k in ks_shown) + " |"
     rule = "| --- |" + " --- |" * len(ks_shown)
-    lines = [f"Target {res['target_params']:,} parameters, draft {res['draft_params']:,}; {res['dtype']}, "
-             f"{res['threads']} thread(s).", "",
+    pv = res.get("draft_proposal_vocab")
+    lines = [f"Target {res['target_params']:,} parameters, draft {res['draft_params']:,}"
+             + (f" (output layer restricted to {pv:,} proposal tokens)" if pv else "")
+             + f"; {res['dtype']}, {res['threads']} thread(s).", "",
              f"Step times, median ms: target {t['target']}, draft {t['draft']}, **c = {res['c']}**; "
              f"minimum ms: target {t.get('target_min')}, draft {t.get('draft_min')}, c_min = {res.get('c_min')}; "
              f"draft step inside a burst of 4 (median): {t.get('draft_burst')} ms, c_burst = {res.get('c_burst')}.",

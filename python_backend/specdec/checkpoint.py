@@ -72,3 +72,41 @@ def load_state_dict(model_dir: str | Path) -> dict[str, torch.Tensor]:
     for file in files:
         state.update(load_file(str(file)))
     return state
+
+
+PROPOSAL_VOCAB_FILE = "proposal_vocab.json"
+
+
+def read_proposal_vocab(model_dir: str | Path, vocab_size: int) -> torch.Tensor | None:
+    """The token ids a draft's output layer is restricted to, or None when it keeps the whole vocabulary.
+
+    A draft checkpoint folder may hold `proposal_vocab.json` (`{"token_ids": [...]}`, written by
+    `build/draft_vocab.py`): its runtimes then compute logits only for those tokens (FR-Spec's
+    frequency-ranked output layer, arXiv:2502.14856) and give every other token -inf. With a 1-layer draft
+    the output layer is most of its step, so this is how the draft/target cost ratio c comes down. Lossless
+    modes stay lossless: the draft's law q is simply zero outside the subset and the target verifies.
+    """
+    path = Path(model_dir) / PROPOSAL_VOCAB_FILE
+    if not path.exists():
+        return None
+    token_ids = json.loads(path.read_text(encoding="utf-8")).get("token_ids")
+    if not isinstance(token_ids, list) or not token_ids or not all(isinstance(t, int) for t in token_ids):
+        raise ValueError(f"{path}: 'token_ids' must be a non-empty list of integers")
+    ids = torch.tensor(token_ids, dtype=torch.long)
+    if len(set(token_ids)) != len(token_ids) or int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+        raise ValueError(f"{path}: token ids must be distinct and in [0, {vocab_size})")
+    return ids
+
+
+def logit_gather_map(proposal_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """For each vocabulary id, its column in [subset logits, one -inf column]: a Gather that expands the
+    restricted logits to the full vocabulary (cheap, and exports to ONNX/TensorRT as a single Gather)."""
+    gather = torch.full((vocab_size,), len(proposal_ids), dtype=torch.long)
+    gather[proposal_ids] = torch.arange(len(proposal_ids), dtype=torch.long)
+    return gather
+
+
+def expand_logits(subset_logits: torch.Tensor, gather: torch.Tensor) -> torch.Tensor:
+    """[..., subset] logits -> [..., vocab] with -inf for the tokens outside the subset."""
+    masked = torch.full_like(subset_logits[..., :1], float("-inf"))
+    return torch.cat([subset_logits, masked], dim=-1).index_select(-1, gather)

@@ -37,7 +37,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specdec.checkpoint import LlamaSpec, load_state_dict, read_spec
+from specdec.checkpoint import (
+    PROPOSAL_VOCAB_FILE,
+    LlamaSpec,
+    expand_logits,
+    load_state_dict,
+    read_proposal_vocab,
+    read_spec,
+)
 from specdec.runtime.torch_llama import LlamaWeights, rotate_half
 
 GRAPH_VERSION = 1  # bump when inputs, outputs or semantics change: cached exports are then rebuilt
@@ -77,13 +84,14 @@ class LlamaStepGraph(torch.nn.Module):
     boolean mask, fp32 norms and softmax), the same math as TorchLlamaRuntime."""
 
     def __init__(self, spec: LlamaSpec, state: dict[str, torch.Tensor], dtype: torch.dtype,
-                 max_positions: int) -> None:
+                 max_positions: int, proposal_ids: torch.Tensor | None = None) -> None:
         super().__init__()
         self.spec = spec
         self.dtype = dtype
-        w = LlamaWeights(spec, state, dtype, "cpu")
+        w = LlamaWeights(spec, state, dtype, "cpu", proposal_ids)
         self.register_buffer("embed", w.embed)
         self.register_buffer("lm_head", w.lm_head)
+        self.register_buffer("logit_gather", w.logit_gather)
         self.register_buffer("final_norm", w.final_norm)
         self.num_layers = spec.num_layers
         for i, layer in enumerate(w.layers):
@@ -134,14 +142,18 @@ class LlamaStepGraph(torch.nn.Module):
             hidden = hidden + F.linear(F.silu(gate) * up, layer("down"))
         rows = hidden.reshape(batch * width, s.hidden_size).index_select(0, logit_rows)
         logits = _cast(F.linear(_rms_norm(rows, self.final_norm, s.rms_norm_eps), self.lm_head), torch.float32)
+        if self.logit_gather is not None:
+            logits = expand_logits(logits, self.logit_gather)
         return logits, torch.stack(new_keys), torch.stack(new_values)
 
 
 def checkpoint_fingerprint(model_dir: str | Path) -> str:
-    """sha256 of config.json and every safetensors file: an export or engine is stale when it changes."""
+    """sha256 of config.json, every safetensors file and the proposal vocabulary if any: an export or engine
+    is stale when one changes."""
     digest = hashlib.sha256()
     folder = Path(model_dir)
-    for path in [folder / "config.json", *sorted(folder.glob("*.safetensors"))]:
+    extra = [folder / PROPOSAL_VOCAB_FILE] if (folder / PROPOSAL_VOCAB_FILE).exists() else []
+    for path in [folder / "config.json", *sorted(folder.glob("*.safetensors")), *extra]:
         digest.update(path.name.encode())
         with path.open("rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
@@ -163,12 +175,14 @@ def example_inputs(spec: LlamaSpec, dtype: torch.dtype, batch: int = 2, width: i
 def graph_metadata(model_dir: str | Path, dtype: str, max_positions: int) -> dict[str, str]:
     """What an export was made from; a cached export is reused only when all of it matches."""
     spec = read_spec(model_dir)
+    proposal_ids = read_proposal_vocab(model_dir, spec.vocab_size)
     return {
         "graph_version": str(GRAPH_VERSION),
         "checkpoint_fingerprint": checkpoint_fingerprint(model_dir),
         "dtype": dtype,
         "max_positions": str(max_positions),
         "spec": json.dumps(asdict(spec), sort_keys=True),
+        "proposal_vocab_size": str(spec.vocab_size if proposal_ids is None else len(proposal_ids)),
     }
 
 
@@ -182,7 +196,8 @@ def export_decoder(model_dir: str | Path, out_path: str | Path, dtype: str = "fl
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     spec = read_spec(model_dir)
     max_positions = max_positions or spec.max_position_embeddings
-    module = LlamaStepGraph(spec, load_state_dict(model_dir), DTYPES[dtype], max_positions).eval()
+    module = LlamaStepGraph(spec, load_state_dict(model_dir), DTYPES[dtype], max_positions,
+                            read_proposal_vocab(model_dir, spec.vocab_size)).eval()
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_path.parent, prefix=".export-") as tmp:

@@ -14,7 +14,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specdec.checkpoint import LlamaSpec, load_state_dict, read_spec
+from specdec.checkpoint import (
+    LlamaSpec,
+    expand_logits,
+    load_state_dict,
+    logit_gather_map,
+    read_proposal_vocab,
+    read_spec,
+)
 from specdec.runtime.base import DecoderRuntime, ForwardItem
 from specdec.runtime.layout import plan_batch
 
@@ -22,7 +29,8 @@ from specdec.runtime.layout import plan_batch
 class LlamaWeights:
     """Checkpoint tensors regrouped for few, large matmuls (fused QKV and gate/up projections)."""
 
-    def __init__(self, spec: LlamaSpec, state: dict[str, torch.Tensor], dtype: torch.dtype, device: str):
+    def __init__(self, spec: LlamaSpec, state: dict[str, torch.Tensor], dtype: torch.dtype, device: str,
+                 proposal_ids: torch.Tensor | None = None):
         def get(name: str) -> torch.Tensor:
             return state[name].to(device=device, dtype=dtype)
 
@@ -30,6 +38,11 @@ class LlamaWeights:
         self.lm_head = self.embed if spec.tie_word_embeddings or "lm_head.weight" not in state else get(
             "lm_head.weight"
         )
+        # A draft restricted to a proposal vocabulary keeps only those rows of its output layer.
+        self.logit_gather: torch.Tensor | None = None
+        if proposal_ids is not None:
+            self.lm_head = self.lm_head[proposal_ids.to(device)].contiguous()
+            self.logit_gather = logit_gather_map(proposal_ids, spec.vocab_size).to(device)
         self.final_norm = get("model.norm.weight")
         self.layers = []
         for i in range(spec.num_layers):
@@ -76,7 +89,8 @@ class TorchLlamaRuntime(DecoderRuntime):
         self.max_length = min(max_length or self.spec.max_position_embeddings, self.spec.max_position_embeddings)
         self.dtype = dtype
         self.device = device
-        self.weights = LlamaWeights(self.spec, load_state_dict(model_dir), dtype, device)
+        self.weights = LlamaWeights(self.spec, load_state_dict(model_dir), dtype, device,
+                                    read_proposal_vocab(model_dir, self.spec.vocab_size))
         s = self.spec
         cache_shape = (num_slots, s.num_kv_heads, self.max_length, s.head_dim)
         self.k_cache = [torch.zeros(cache_shape, dtype=dtype, device=device) for _ in range(s.num_layers)]
@@ -146,7 +160,10 @@ class TorchLlamaRuntime(DecoderRuntime):
         # Logits only where asked: the last num_logits valid positions of each item.
         rows = torch.as_tensor(plan.logit_rows, dtype=torch.long, device=self.device)
         last = rms_norm(hidden.reshape(batch * width, -1)[rows], w.final_norm, s.rms_norm_eps)
-        return plan.split_logits(F.linear(last, w.lm_head).float().cpu().numpy())
+        logits = F.linear(last, w.lm_head).float()
+        if w.logit_gather is not None:
+            logits = expand_logits(logits, w.logit_gather)
+        return plan.split_logits(logits.cpu().numpy())
 
     @torch.inference_mode()
     def move_rows(self, slot: int, src_rows: np.ndarray, dst_start: int) -> None:
