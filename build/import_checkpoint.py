@@ -22,8 +22,11 @@ import shutil
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python_backend"))
+
 HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-            "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json")
+            "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
+            "proposal_vocab.json")  # the last one is ours: a draft's restricted output layer (build/draft_vocab.py)
 WEIGHT_GLOBS = ("*.safetensors", "model.safetensors.index.json")
 
 
@@ -86,6 +89,13 @@ def check_compatible(target: Path, draft: Path) -> None:
     dc = json.loads((draft / "config.json").read_text())
     if tc.get("vocab_size") != dc.get("vocab_size"):
         problems.append(f"config vocab_size differs: target {tc.get('vocab_size')}, draft {dc.get('vocab_size')}")
+    elif (draft / "proposal_vocab.json").is_file():
+        from specdec.checkpoint import read_proposal_vocab
+
+        try:
+            read_proposal_vocab(draft, int(dc["vocab_size"]))
+        except ValueError as exc:
+            problems.append(f"draft proposal vocabulary: {exc}")
     if not problems:
         ts, ds = _special_ids(target), _special_ids(draft)
         if ts != ds:

@@ -169,6 +169,21 @@ def test_import_rejects_different_vocab(tiny, tmp_path) -> None:
                                    "--repo", str(tmp_path / "repo")]) == 2
 
 
+def test_import_carries_a_draft_proposal_vocabulary(tiny, tmp_path) -> None:
+    target = _tiny_hf(tiny, tmp_path / "t")
+    draft = _tiny_hf(tiny, tmp_path / "d")
+    repo = tmp_path / "repo"
+    (draft / "proposal_vocab.json").write_text(json.dumps({"token_ids": [0, 1, 2, 7]}))
+    import_checkpoint.import_pair(target, draft, repo)
+    assert json.loads((repo / "draft_model" / "1" / "proposal_vocab.json").read_text())["token_ids"] == [0, 1, 2, 7]
+    (draft / "proposal_vocab.json").unlink()  # a new draft without one: the old subset must not survive
+    import_checkpoint.import_pair(target, draft, repo)
+    assert not (repo / "draft_model" / "1" / "proposal_vocab.json").exists()
+    (draft / "proposal_vocab.json").write_text(json.dumps({"token_ids": [0, 10_000]}))
+    with pytest.raises(import_checkpoint.IncompatibleCheckpoints, match="proposal vocabulary"):
+        import_checkpoint.check_compatible(target, draft)
+
+
 def test_import_rejects_vocab_size_mismatch(tiny, tmp_path) -> None:
     target = _tiny_hf(tiny, tmp_path / "t")
     draft = _tiny_hf(tiny, tmp_path / "d", vocab=512)

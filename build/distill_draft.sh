@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Distil the 1-layer draft onto a finished target, restrict its output layer, install the pair and measure it
+# (docs/MODELS.md §4). Run from the repository root after `build/train.py` has finished the target.
+#
+#   TARGET=checkpoints/target/hf INIT=model_repository/draft_model/1 bash build/distill_draft.sh
+#
+# 1. hard labels: the draft learns the target's argmax on real training text (--teacher), while the target
+#    writes greedy continuations of training-document openings (build/greedy_corpus.py) on the other core;
+# 2. the draft learns the target's greedy continuations (what it must predict when serving);
+# 3. build/import_checkpoint.py installs both, build/draft_vocab.py writes the proposal vocabulary,
+#    build/measure_pair.py measures alpha, c, v(k) and the predicted speedup.
+set -euo pipefail
+
+TARGET=${TARGET:-checkpoints/target/hf}
+INIT=${INIT:-model_repository/draft_model/1}   # warm start; the next-token draft (checkpoints/draft/hf) works too
+OUT=${OUT:-checkpoints/distill}
+PY=${PY:-.venv/bin/python}
+SEQUENCES=${SEQUENCES:-192}                     # greedy continuations per domain
+REAL_STEPS=${REAL_STEPS:-100}
+GREEDY_STEPS=${GREEDY_STEPS:-80}
+PROPOSAL_VOCAB=${PROPOSAL_VOCAB:-2048}          # 0: keep the draft's whole output layer
+export MALLOC_MMAP_THRESHOLD_=1000000000 MALLOC_TRIM_THRESHOLD_=1000000000
+
+mkdir -p "$OUT"
+common=(--layers 1 --hidden 256 --heads 4 --kv-heads 4 --intermediate 704 --seq-len 512 --batch 8 --micro 2
+        --warmup 5 --min-lr-frac 0.2 --teacher "$TARGET" --teacher-frac 1 --threads 1 --eval-windows 8
+        --no-progress)
+
+echo "[distill] greedy continuations of $TARGET -> $OUT/greedy (log $OUT/greedy.log)"
+"$PY" build/greedy_corpus.py --target "$TARGET" --out "$OUT/greedy" --sequences "$SEQUENCES" --threads 1 \
+    > "$OUT/greedy.log" 2>&1 &
+greedy_pid=$!
+echo "[distill] $REAL_STEPS steps on the target's argmax over real text (log $OUT/real.log)"
+"$PY" build/train.py --out "$OUT/real" "${common[@]}" --steps "$REAL_STEPS" --lr 8e-4 \
+    --mix code=1,json=0.7,prose=1.3 --init-from "$INIT" --eval-every "$REAL_STEPS" --ckpt-every "$REAL_STEPS" \
+    --seed 790 > "$OUT/real.log" 2>&1
+wait "$greedy_pid"
+
+echo "[distill] $GREEDY_STEPS steps on the target's greedy continuations (log $OUT/greedy_ft.log)"
+"$PY" build/train.py --corpora "$OUT/greedy" --out "$OUT/greedy_ft" "${common[@]}" --threads 2 \
+    --steps "$GREEDY_STEPS" --lr 5e-4 --mix code=1,json=1.2,prose=1.2 --init-from "$OUT/real/hf" \
+    --eval-every "$GREEDY_STEPS" --ckpt-every "$GREEDY_STEPS" --seed 791 > "$OUT/greedy_ft.log" 2>&1
+
+if [ "$PROPOSAL_VOCAB" -gt 0 ]; then
+    "$PY" build/draft_vocab.py --draft "$OUT/greedy_ft/hf" --size "$PROPOSAL_VOCAB" --extra "$OUT/greedy"
+fi
+"$PY" build/import_checkpoint.py --target "$TARGET" --draft "$OUT/greedy_ft/hf"
+"$PY" build/measure_pair.py --out "$OUT/measure.json" > "$OUT/measure.log" 2>&1
+tail -n 4 "$OUT/measure.log"
