@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python_backend"))
 
 from corpora import DOMAINS, read_jsonl  # noqa: E402
-from specdec.checkpoint import expand_logits, logit_gather_map, read_proposal_vocab  # noqa: E402
+from specdec.checkpoint import read_proposal_vocab  # noqa: E402
+from specdec.runtime.torch_llama import expand_logits, logit_gather_map  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GEN_TOKENS = {"json": 128, "code": 256, "prose": 512}
@@ -40,9 +41,9 @@ SMOKE_KEYS = {"json": "json", "code": "code", "prose": "text"}
 class SubsetHead(torch.nn.Module):
     """An output layer restricted to a draft's proposal vocabulary, as the serving runtimes compute it."""
 
-    def __init__(self, weight: torch.Tensor, proposal_ids: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, proposal_ids: list[int]) -> None:
         super().__init__()
-        self.weight = torch.nn.Parameter(weight[proposal_ids].clone(), requires_grad=False)
+        self.weight = torch.nn.Parameter(weight[torch.as_tensor(proposal_ids)].clone(), requires_grad=False)
         self.register_buffer("gather", logit_gather_map(proposal_ids, weight.shape[0]))
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:

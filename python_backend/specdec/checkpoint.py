@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from safetensors.torch import load_file
+if TYPE_CHECKING:  # torch is imported only by what loads weights: an onnxruntime process runs without it
+    import torch
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ def read_spec(model_dir: str | Path) -> LlamaSpec:
 
 def load_state_dict(model_dir: str | Path) -> dict[str, torch.Tensor]:
     """All safetensors shards of a checkpoint folder, merged into one state dict."""
+    from safetensors.torch import load_file
+
     files = sorted(Path(model_dir).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors in {model_dir}")
@@ -77,7 +80,7 @@ def load_state_dict(model_dir: str | Path) -> dict[str, torch.Tensor]:
 PROPOSAL_VOCAB_FILE = "proposal_vocab.json"
 
 
-def read_proposal_vocab(model_dir: str | Path, vocab_size: int) -> torch.Tensor | None:
+def read_proposal_vocab(model_dir: str | Path, vocab_size: int) -> list[int] | None:
     """The token ids a draft's output layer is restricted to, or None when it keeps the whole vocabulary.
 
     A draft checkpoint folder may hold `proposal_vocab.json` (`{"token_ids": [...]}`, written by
@@ -92,21 +95,7 @@ def read_proposal_vocab(model_dir: str | Path, vocab_size: int) -> torch.Tensor 
     token_ids = json.loads(path.read_text(encoding="utf-8")).get("token_ids")
     if not isinstance(token_ids, list) or not token_ids or not all(isinstance(t, int) for t in token_ids):
         raise ValueError(f"{path}: 'token_ids' must be a non-empty list of integers")
-    ids = torch.tensor(token_ids, dtype=torch.long)
-    if len(set(token_ids)) != len(token_ids) or int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+    if len(set(token_ids)) != len(token_ids) or min(token_ids) < 0 or max(token_ids) >= vocab_size:
         raise ValueError(f"{path}: token ids must be distinct and in [0, {vocab_size})")
-    return ids
+    return token_ids
 
-
-def logit_gather_map(proposal_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """For each vocabulary id, its column in [subset logits, one -inf column]: a Gather that expands the
-    restricted logits to the full vocabulary (cheap, and exports to ONNX/TensorRT as a single Gather)."""
-    gather = torch.full((vocab_size,), len(proposal_ids), dtype=torch.long)
-    gather[proposal_ids] = torch.arange(len(proposal_ids), dtype=torch.long)
-    return gather
-
-
-def expand_logits(subset_logits: torch.Tensor, gather: torch.Tensor) -> torch.Tensor:
-    """[..., subset] logits -> [..., vocab] with -inf for the tokens outside the subset."""
-    masked = torch.full_like(subset_logits[..., :1], float("-inf"))
-    return torch.cat([subset_logits, masked], dim=-1).index_select(-1, gather)

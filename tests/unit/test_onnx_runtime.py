@@ -154,3 +154,26 @@ def test_runtime_names_and_devices(tiny_pair):
         build_runtime("onnxruntime", tiny_pair[0], num_slots=1, max_length=8, device="cuda")
     with pytest.raises(ValueError, match="unknown runtime"):
         build_runtime("tvm", tiny_pair[0], num_slots=1, max_length=8)
+
+
+def test_serving_on_onnxruntime_never_imports_torch(tiny_pair, tmp_path):
+    """A model process on the CPU default loads an existing export and decodes without torch (~135 MiB of
+    private memory per process saved); torch comes in only to make a missing export."""
+    import subprocess
+    import sys
+
+    resolve_onnx(tiny_pair[1], tmp_path)  # the export exists beforehand, as `make onnx-exports` leaves it
+    script = (
+        "import sys, numpy as np\n"
+        "from specdec.runtime import build_runtime\n"
+        "from specdec.runtime.base import ForwardItem\n"
+        f"rt = build_runtime('onnxruntime', {str(tiny_pair[1])!r}, num_slots=2, max_length=64, num_threads=1,"
+        f" engine_dir={str(tmp_path)!r})\n"
+        "logits = rt.forward([ForwardItem(0, 0, np.array([5, 17, 42]), num_logits=2)])[0]\n"
+        "rt.move_rows(0, np.array([0, 2]), 0)\n"
+        "assert logits.shape == (2, rt.vocab_size) and np.isfinite(logits).all()\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "python_backend")}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

@@ -44,7 +44,7 @@ def test_reading_validates_the_file(tmp_path):
         with pytest.raises(ValueError, match="token"):
             read_proposal_vocab(tmp_path, 96)
     (tmp_path / PROPOSAL_VOCAB_FILE).write_text(json.dumps({"token_ids": [7, 3]}))
-    assert read_proposal_vocab(tmp_path, 96).tolist() == [7, 3]
+    assert read_proposal_vocab(tmp_path, 96) == [7, 3]
 
 
 def test_torch_logits_equal_the_full_model_on_the_subset(tiny_pair, pruned_draft):
@@ -61,8 +61,8 @@ def test_torch_logits_equal_the_full_model_on_the_subset(tiny_pair, pruned_draft
 
 def test_onnx_export_matches_torch(pruned_draft, tmp_path):
     pytest.importorskip("onnxruntime")
+    from specdec.runtime.graph_contract import checkpoint_fingerprint, read_graph_metadata
     from specdec.runtime.onnx_llama import OnnxLlamaRuntime
-    from specdec.runtime.step_graph import checkpoint_fingerprint, read_graph_metadata
 
     onnx_rt = OnnxLlamaRuntime(pruned_draft, num_slots=2, max_length=64, engine_dir=tmp_path)
     torch_rt = TorchLlamaRuntime(pruned_draft, num_slots=2, max_length=64)
@@ -77,7 +77,7 @@ def test_onnx_export_matches_torch(pruned_draft, tmp_path):
 
 
 def test_fingerprint_changes_with_the_subset(tiny_pair, pruned_draft):
-    from specdec.runtime.step_graph import checkpoint_fingerprint
+    from specdec.runtime.graph_contract import checkpoint_fingerprint
 
     assert checkpoint_fingerprint(tiny_pair[1]) != checkpoint_fingerprint(pruned_draft)
 

@@ -1,50 +1,77 @@
 """The part shared by runtimes that run the exported decoder-step graph (onnxruntime, TensorRT).
 
-The runtime keeps the slotted KV cache as two torch tensors [layers, slots, kv_heads, max_length, head_dim]
-(CPU for onnxruntime, CUDA for TensorRT). A forward lays the batch out (specdec.runtime.layout), gathers
-the context rows of its slots as `past_keys` / `past_values`, runs the graph (specdec.runtime.step_graph
-names its inputs and outputs) and scatters the returned new rows into the slots. Subclasses only run
-the graph (`_run`) and may declare shape limits (`max_batch`, `max_step_tokens`): larger batches are
-split and long causal inputs chunked to fit.
+The runtime keeps the slotted KV cache as two arrays [layers, slots, kv_heads, max_length, head_dim]:
+numpy on the CPU for onnxruntime (so a serving process never imports torch), torch CUDA tensors for
+TensorRT (which overrides the few array hooks below). A forward lays the batch out (specdec.runtime.layout),
+gathers the context rows of its slots as `past_keys` / `past_values`, runs the graph
+(specdec.runtime.graph_contract names its inputs and outputs) and scatters the returned new rows into the
+slots. Subclasses only run the graph (`_run`) and may declare shape limits (`max_batch`,
+`max_step_tokens`): larger batches are split and long causal inputs chunked to fit. Indexing is the same
+in numpy and torch (advanced indices separated by a slice put their dimension first in both).
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
+from typing import Any
 
 import numpy as np
-import torch
 
 from specdec.checkpoint import LlamaSpec
 from specdec.runtime.base import DecoderRuntime, ForwardItem
 from specdec.runtime.layout import plan_batch, split_for_limits
 
+NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
+
 
 class SlottedGraphRuntime(DecoderRuntime):
-    """DecoderRuntime over a stateless step graph; subclasses implement `_run`."""
+    """DecoderRuntime over a stateless step graph; subclasses implement `_run`.
+
+    Arrays are numpy by default; a subclass keeping its cache elsewhere overrides `_zeros`, `_index`,
+    `_mask`, `_gather`, `_new_rows`, `_logits_to_numpy` and `kv_cache_bytes`."""
 
     max_batch: int | None = None  # items per graph call (None: unlimited)
     max_step_tokens: int | None = None  # new tokens per item per graph call (None: unlimited)
 
-    def __init__(self, spec: LlamaSpec, num_slots: int, max_length: int, dtype: torch.dtype,
-                 device: str | torch.device) -> None:
+    def __init__(self, spec: LlamaSpec, num_slots: int, max_length: int, dtype: Any, device: Any = "cpu") -> None:
         self.spec = spec
         self.vocab_size = spec.vocab_size
         self.num_slots = num_slots
         self.max_length = max_length
         self.dtype = dtype
-        self.device = torch.device(device)
+        self.device = device
         shape = (spec.num_layers, num_slots, spec.num_kv_heads, max_length, spec.head_dim)
-        self.k_cache = torch.zeros(shape, dtype=dtype, device=self.device)
-        self.v_cache = torch.zeros(shape, dtype=dtype, device=self.device)
+        self.k_cache = self._zeros(shape)
+        self.v_cache = self._zeros(shape)
+
+    # ---- array hooks (numpy) ----
+    def _zeros(self, shape: tuple[int, ...]) -> Any:
+        return np.zeros(shape, dtype=self.dtype)
+
+    def _index(self, values: Any) -> Any:
+        return np.asarray(values, dtype=np.int64)
+
+    def _mask(self, values: np.ndarray) -> Any:
+        return values
+
+    def _gather(self, cache: Any, slots: Any, past: int) -> Any:
+        return np.ascontiguousarray(cache[:, slots, :, :past])
+
+    def _new_rows(self, new: Any) -> Any:
+        """New KV [L, B, H, W, D] -> [B*W, L, H, D] in the cache's dtype."""
+        layers, batch, heads, width, dim = new.shape
+        return new.transpose(1, 3, 0, 2, 4).reshape(batch * width, layers, heads, dim).astype(self.dtype, copy=False)
+
+    def _logits_to_numpy(self, logits: Any) -> np.ndarray:
+        return np.asarray(logits, dtype=np.float32)
 
     @property
     def kv_cache_bytes(self) -> int:
-        return 2 * self.k_cache.numel() * self.k_cache.element_size()
+        return int(self.k_cache.nbytes + self.v_cache.nbytes)
 
     @abstractmethod
-    def _run(self, feeds: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Run the graph on `feeds` (tensors on self.device); returns (logits, new_keys, new_values)."""
+    def _run(self, feeds: dict[str, Any]) -> tuple[Any, Any, Any]:
+        """Run the graph on `feeds` (arrays of this runtime's kind); returns (logits, new_keys, new_values)."""
 
     def forward(self, items: list[ForwardItem]) -> list[np.ndarray]:
         if not items:
@@ -62,36 +89,31 @@ class SlottedGraphRuntime(DecoderRuntime):
                     parts[piece.item_index].append(logits[len(logits) - piece.keep :])
         return [np.concatenate(chunks) for chunks in parts]
 
-    @torch.inference_mode()
     def _forward_batch(self, items: list[ForwardItem]) -> list[np.ndarray]:
         plan = plan_batch(items, self.max_length)
         past = max(1, int(plan.first_row.max()))
-        as_long = lambda a: torch.as_tensor(a, dtype=torch.long).to(self.device)  # noqa: E731
-        slots = as_long([item.slot for item in items])
+        slots = self._index([item.slot for item in items])
         feeds = {
-            "input_ids": as_long(plan.ids),
-            "position_ids": as_long(plan.positions),
-            "attention_mask": torch.as_tensor(plan.concat_mask(past)).to(self.device),
-            "past_keys": self.k_cache[:, slots, :, :past].contiguous(),  # gathered: a copy
-            "past_values": self.v_cache[:, slots, :, :past].contiguous(),
-            "logit_rows": as_long(plan.logit_rows),
+            "input_ids": self._index(plan.ids),
+            "position_ids": self._index(plan.positions),
+            "attention_mask": self._mask(plan.concat_mask(past)),
+            "past_keys": self._gather(self.k_cache, slots, past),  # gathered: a copy
+            "past_values": self._gather(self.v_cache, slots, past),
+            "logit_rows": self._index(plan.logit_rows),
         }
         logits, new_keys, new_values = self._run(feeds)
         # new rows [L, B, H, W, D] -> [B*W, L, H, D], then into (slot, row) of the cache.
-        src, slot, row = as_long(plan.write_src), as_long(plan.write_slot), as_long(plan.write_row)
+        src, slot, row = self._index(plan.write_src), self._index(plan.write_slot), self._index(plan.write_row)
         for cache, new in ((self.k_cache, new_keys), (self.v_cache, new_values)):
-            layers, batch, heads, width, dim = new.shape
-            rows = new.permute(1, 3, 0, 2, 4).reshape(batch * width, layers, heads, dim)
-            cache[:, slot, :, row] = rows[src].to(cache.dtype)  # indexed view: [R, L, H, D]
-        return plan.split_logits(logits.float().cpu().numpy())
+            cache[:, slot, :, row] = self._new_rows(new)[src]  # indexed view: [R, L, H, D]
+        return plan.split_logits(self._logits_to_numpy(logits))
 
-    @torch.inference_mode()
     def move_rows(self, slot: int, src_rows: np.ndarray, dst_start: int) -> None:
-        src = torch.as_tensor(np.asarray(src_rows), dtype=torch.long)
-        dst = torch.arange(dst_start, dst_start + len(src))
-        if torch.equal(src, dst):
+        src_rows = np.asarray(src_rows, dtype=np.int64)
+        dst_rows = np.arange(dst_start, dst_start + len(src_rows))
+        if np.array_equal(src_rows, dst_rows):
             return
-        src, dst = src.to(self.device), dst.to(self.device)
+        src, dst = self._index(src_rows), self._index(dst_rows)
         for cache in (self.k_cache, self.v_cache):
             view = cache[:, slot]  # [L, H, M, D], a view
             view[:, :, dst] = view[:, :, src]

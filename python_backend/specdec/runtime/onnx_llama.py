@@ -16,20 +16,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import torch
+import numpy as np
 
 from specdec.checkpoint import read_spec
-from specdec.runtime.graph_runtime import SlottedGraphRuntime
-from specdec.runtime.step_graph import (
-    DTYPES,
+from specdec.runtime.graph_contract import (
     INPUTS,
     ONNX_FILE,
     OUTPUTS,
     checkpoint_fingerprint,
-    export_decoder,
     graph_metadata,
     read_graph_metadata,
 )
+from specdec.runtime.graph_runtime import NUMPY_DTYPES, SlottedGraphRuntime
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +76,8 @@ def resolve_onnx(model_dir: str | Path, engine_dir: str | Path | None = None, dt
             with _locked(folder):
                 if not export_is_current(path, model_dir, dtype):  # another process may have just made it
                     log.info("exporting %s to %s (%s)", model_dir, path, dtype)
+                    from specdec.runtime.step_graph import export_decoder  # torch, only when exporting
+
                     export_decoder(model_dir, path, dtype=dtype)
             return path
         except OSError as exc:  # read-only model folder: try the next place
@@ -102,12 +102,11 @@ class OnnxLlamaRuntime(SlottedGraphRuntime):
     ) -> None:
         import onnxruntime as ort
 
-        # The cache gathers and scatters are torch ops: with torch's default (all cores) thread pool, tiny
-        # ops on a shared CPU wait on each other (measured: a test suite 20x slower). Same count as ORT's.
-        torch.set_num_threads(num_threads or 1)
+        if dtype not in NUMPY_DTYPES:
+            raise ValueError(f"the onnxruntime runtime runs {', '.join(NUMPY_DTYPES)} graphs, not {dtype!r}")
         spec = read_spec(model_dir)
         max_length = min(max_length or spec.max_position_embeddings, spec.max_position_embeddings)
-        super().__init__(spec, num_slots, max_length, DTYPES[dtype], "cpu")
+        super().__init__(spec, num_slots, max_length, NUMPY_DTYPES[dtype], "cpu")
         self.onnx_path = Path(onnx_path) if onnx_path else resolve_onnx(model_dir, engine_dir, dtype)
         self.max_batch, self.max_step_tokens = max_batch, max_step_tokens
         options = ort.SessionOptions()
@@ -121,7 +120,6 @@ class OnnxLlamaRuntime(SlottedGraphRuntime):
         if names != (list(INPUTS), list(OUTPUTS)):
             raise ValueError(f"{self.onnx_path} is not a specdec step graph: inputs/outputs {names}")
 
-    def _run(self, feeds: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        outputs = self.session.run(list(OUTPUTS), {name: tensor.numpy() for name, tensor in feeds.items()})
-        logits, new_keys, new_values = (torch.from_numpy(out) for out in outputs)
+    def _run(self, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        logits, new_keys, new_values = self.session.run(list(OUTPUTS), feeds)
         return logits, new_keys, new_values

@@ -26,45 +26,29 @@ kernels dislike empty dimensions.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 import tempfile
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from specdec.checkpoint import (
-    PROPOSAL_VOCAB_FILE,
-    LlamaSpec,
-    expand_logits,
-    load_state_dict,
-    read_proposal_vocab,
-    read_spec,
+from specdec.checkpoint import LlamaSpec, load_state_dict, read_proposal_vocab, read_spec
+from specdec.runtime.graph_contract import (  # noqa: F401  (re-exported: the graph's names live with its export)
+    DYNAMIC_AXES,
+    INPUTS,
+    META_PREFIX,
+    ONNX_FILE,
+    OUTPUTS,
+    checkpoint_fingerprint,
+    graph_metadata,
+    read_graph_metadata,
 )
-from specdec.runtime.torch_llama import LlamaWeights, rotate_half
+from specdec.runtime.torch_llama import LlamaWeights, expand_logits, rotate_half
 
-GRAPH_VERSION = 1  # bump when inputs, outputs or semantics change: cached exports are then rebuilt
 OPSET = 17
-INPUTS = ("input_ids", "position_ids", "attention_mask", "past_keys", "past_values", "logit_rows")
-OUTPUTS = ("logits", "new_keys", "new_values")
-DYNAMIC_AXES = {
-    "input_ids": {0: "batch", 1: "new_tokens"},
-    "position_ids": {0: "batch", 1: "new_tokens"},
-    "attention_mask": {0: "batch", 1: "new_tokens", 2: "key_length"},
-    "past_keys": {1: "batch", 3: "past_length"},
-    "past_values": {1: "batch", 3: "past_length"},
-    "logit_rows": {0: "num_logits"},
-    "logits": {0: "num_logits"},
-    "new_keys": {1: "batch", 3: "new_tokens"},
-    "new_values": {1: "batch", 3: "new_tokens"},
-}
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-ONNX_FILE = "decoder.onnx"
-META_PREFIX = "specdec."
 
 
 def _cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -84,7 +68,7 @@ class LlamaStepGraph(torch.nn.Module):
     boolean mask, fp32 norms and softmax), the same math as TorchLlamaRuntime."""
 
     def __init__(self, spec: LlamaSpec, state: dict[str, torch.Tensor], dtype: torch.dtype,
-                 max_positions: int, proposal_ids: torch.Tensor | None = None) -> None:
+                 max_positions: int, proposal_ids: list[int] | None = None) -> None:
         super().__init__()
         self.spec = spec
         self.dtype = dtype
@@ -147,20 +131,6 @@ class LlamaStepGraph(torch.nn.Module):
         return logits, torch.stack(new_keys), torch.stack(new_values)
 
 
-def checkpoint_fingerprint(model_dir: str | Path) -> str:
-    """sha256 of config.json, every safetensors file and the proposal vocabulary if any: an export or engine
-    is stale when one changes."""
-    digest = hashlib.sha256()
-    folder = Path(model_dir)
-    extra = [folder / PROPOSAL_VOCAB_FILE] if (folder / PROPOSAL_VOCAB_FILE).exists() else []
-    for path in [folder / "config.json", *sorted(folder.glob("*.safetensors")), *extra]:
-        digest.update(path.name.encode())
-        with path.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()
-
-
 def example_inputs(spec: LlamaSpec, dtype: torch.dtype, batch: int = 2, width: int = 3,
                    past: int = 5) -> tuple[torch.Tensor, ...]:
     """Inputs of the given sizes (distinct, so the tracer keeps every dynamic axis symbolic)."""
@@ -170,20 +140,6 @@ def example_inputs(spec: LlamaSpec, dtype: torch.dtype, batch: int = 2, width: i
     mask = torch.ones(batch, width, past + width, dtype=torch.bool).tril(diagonal=past)
     rows = torch.arange(batch * width - 1, dtype=torch.long)
     return ids, positions, mask, torch.zeros(cache, dtype=dtype), torch.zeros(cache, dtype=dtype), rows
-
-
-def graph_metadata(model_dir: str | Path, dtype: str, max_positions: int) -> dict[str, str]:
-    """What an export was made from; a cached export is reused only when all of it matches."""
-    spec = read_spec(model_dir)
-    proposal_ids = read_proposal_vocab(model_dir, spec.vocab_size)
-    return {
-        "graph_version": str(GRAPH_VERSION),
-        "checkpoint_fingerprint": checkpoint_fingerprint(model_dir),
-        "dtype": dtype,
-        "max_positions": str(max_positions),
-        "spec": json.dumps(asdict(spec), sort_keys=True),
-        "proposal_vocab_size": str(spec.vocab_size if proposal_ids is None else len(proposal_ids)),
-    }
 
 
 def export_decoder(model_dir: str | Path, out_path: str | Path, dtype: str = "float32",
@@ -221,9 +177,3 @@ def export_decoder(model_dir: str | Path, out_path: str | Path, dtype: str = "fl
     return out_path
 
 
-def read_graph_metadata(onnx_path: str | Path) -> dict[str, str]:
-    """The specdec.* metadata of an exported graph (without loading its weights)."""
-    import onnx
-
-    model = onnx.load(str(onnx_path), load_external_data=False)
-    return {p.key[len(META_PREFIX):]: p.value for p in model.metadata_props if p.key.startswith(META_PREFIX)}

@@ -21,16 +21,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from specdec.checkpoint import LlamaSpec, read_spec
+from specdec.runtime.graph_contract import INPUTS, OUTPUTS, checkpoint_fingerprint
 from specdec.runtime.graph_runtime import SlottedGraphRuntime
-from specdec.runtime.step_graph import DTYPES, INPUTS, OUTPUTS, checkpoint_fingerprint
 
 ENGINE_FILE = "model.plan"
 METADATA_FILE = "model.json"
 METADATA_FORMAT = 1
 PRECISIONS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # build flag -> graph dtype
+GRAPH_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ class EngineMetadata:
 
     @property
     def dtype(self) -> torch.dtype:
-        return DTYPES[PRECISIONS[self.precision]]
+        return GRAPH_TORCH_DTYPES[PRECISIONS[self.precision]]
 
     def save(self, folder: str | Path) -> Path:
         path = Path(folder) / METADATA_FILE
@@ -229,6 +231,30 @@ class TensorRTLlamaRuntime(SlottedGraphRuntime):
             context.set_optimization_profile_async(index, stream.cuda_stream)
             self._contexts.append(context)
         stream.synchronize()
+
+    # ---- array hooks: the cache and every feed are torch tensors on the GPU ----
+    def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+    def _index(self, values) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(values), dtype=torch.long).to(self.device)
+
+    def _mask(self, values: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(values).to(self.device)
+
+    def _gather(self, cache: torch.Tensor, slots: torch.Tensor, past: int) -> torch.Tensor:
+        return cache[:, slots, :, :past].contiguous()
+
+    def _new_rows(self, new: torch.Tensor) -> torch.Tensor:
+        layers, batch, heads, width, dim = new.shape
+        return new.permute(1, 3, 0, 2, 4).reshape(batch * width, layers, heads, dim).to(self.dtype)
+
+    def _logits_to_numpy(self, logits: torch.Tensor) -> np.ndarray:
+        return logits.float().cpu().numpy()
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return 2 * self.k_cache.numel() * self.k_cache.element_size()
 
     def _run(self, feeds: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         batch, width = feeds["input_ids"].shape

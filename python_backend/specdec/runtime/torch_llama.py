@@ -14,23 +14,31 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specdec.checkpoint import (
-    LlamaSpec,
-    expand_logits,
-    load_state_dict,
-    logit_gather_map,
-    read_proposal_vocab,
-    read_spec,
-)
+from specdec.checkpoint import LlamaSpec, load_state_dict, read_proposal_vocab, read_spec
 from specdec.runtime.base import DecoderRuntime, ForwardItem
 from specdec.runtime.layout import plan_batch
+
+
+def logit_gather_map(proposal_ids: list[int], vocab_size: int) -> torch.Tensor:
+    """For each vocabulary id, its column in [subset logits, one -inf column]: a Gather that expands the
+    restricted logits of a draft with a proposal vocabulary (specdec.checkpoint.read_proposal_vocab) to the
+    full vocabulary (cheap, and exports to ONNX/TensorRT as a single Gather)."""
+    gather = torch.full((vocab_size,), len(proposal_ids), dtype=torch.long)
+    gather[torch.as_tensor(proposal_ids, dtype=torch.long)] = torch.arange(len(proposal_ids), dtype=torch.long)
+    return gather
+
+
+def expand_logits(subset_logits: torch.Tensor, gather: torch.Tensor) -> torch.Tensor:
+    """[..., subset] logits -> [..., vocab] with -inf for the tokens outside the subset."""
+    masked = torch.full_like(subset_logits[..., :1], float("-inf"))
+    return torch.cat([subset_logits, masked], dim=-1).index_select(-1, gather)
 
 
 class LlamaWeights:
     """Checkpoint tensors regrouped for few, large matmuls (fused QKV and gate/up projections)."""
 
     def __init__(self, spec: LlamaSpec, state: dict[str, torch.Tensor], dtype: torch.dtype, device: str,
-                 proposal_ids: torch.Tensor | None = None):
+                 proposal_ids: list[int] | None = None):
         def get(name: str) -> torch.Tensor:
             return state[name].to(device=device, dtype=dtype)
 
@@ -41,7 +49,7 @@ class LlamaWeights:
         # A draft restricted to a proposal vocabulary keeps only those rows of its output layer.
         self.logit_gather: torch.Tensor | None = None
         if proposal_ids is not None:
-            self.lm_head = self.lm_head[proposal_ids.to(device)].contiguous()
+            self.lm_head = self.lm_head[torch.as_tensor(proposal_ids, device=device)].contiguous()
             self.logit_gather = logit_gather_map(proposal_ids, spec.vocab_size).to(device)
         self.final_norm = get("model.norm.weight")
         self.layers = []
