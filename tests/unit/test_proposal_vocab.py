@@ -14,13 +14,15 @@ import pytest
 from scipy.stats import chisquare
 from specdec.checkpoint import PROPOSAL_VOCAB_FILE, read_proposal_vocab
 from specdec.engines import DraftEngine, StepRequest, TargetEngine
-from specdec.generation import GenerationRequest, GenerationStats, SpeculativeGenerator
 from specdec.inprocess import InProcessBackend
 from specdec.rejection_sampler import rejection_verify
 from specdec.runtime.base import ForwardItem
 from specdec.runtime.torch_llama import TorchLlamaRuntime
 from specdec.sampling import sample
-from test_speculation_engine import PROMPTS, run, settings  # tests/unit is on sys.path (rootdir import)
+from test_speculation_engine import (  # tests/unit is on sys.path (rootdir import)
+    PROMPTS,
+    assert_greedy_speculation_equals_plain,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "build"))
@@ -92,13 +94,7 @@ def pruned_backend(tiny_pair, pruned_draft) -> InProcessBackend:
 
 @pytest.mark.parametrize(("k", "candidates"), [(4, 1), (3, 3)])
 def test_greedy_speculation_with_a_pruned_draft_equals_plain(pruned_backend, k, candidates):
-    generator = SpeculativeGenerator(pruned_backend, 160)
-    for prompt in PROMPTS:
-        plain = run(generator, GenerationRequest(prompt, 30))
-        stats = GenerationStats()
-        out = run(generator, GenerationRequest(prompt, 30, settings=settings(k, candidates)), stats=stats)
-        assert out == plain and stats.verification_passes > 0
-    assert pruned_backend.target.slots_in_use == 0 and pruned_backend.draft.slots_in_use == 0
+    assert_greedy_speculation_equals_plain(pruned_backend, k, candidates)
 
 
 def test_a_pruned_draft_only_proposes_subset_tokens(pruned_draft):

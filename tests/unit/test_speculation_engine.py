@@ -44,8 +44,8 @@ def run(generator, request, sequence_id=1, stats=None) -> list[int]:
     return asyncio.run(collect())
 
 
-@pytest.mark.parametrize(("k", "candidates"), [(1, 2), (3, 3), (6, 5), (4, 1)])
-def test_greedy_trees_equal_plain_greedy(backend, k, candidates):
+def assert_greedy_speculation_equals_plain(backend, k: int, candidates: int) -> None:
+    """Greedy chains/trees of k tokens and `candidates` branches give plain greedy decoding's output."""
     generator = SpeculativeGenerator(backend, 160)
     for prompt in PROMPTS:
         plain = run(generator, GenerationRequest(prompt, 30))
@@ -54,6 +54,11 @@ def test_greedy_trees_equal_plain_greedy(backend, k, candidates):
         assert tree == plain
         assert stats.verification_passes > 0 and stats.draft_tokens <= k * stats.verification_passes
     assert backend.target.slots_in_use == 0 and backend.draft.slots_in_use == 0
+
+
+@pytest.mark.parametrize(("k", "candidates"), [(1, 2), (3, 3), (6, 5), (4, 1)])
+def test_greedy_trees_equal_plain_greedy(backend, k, candidates):
+    assert_greedy_speculation_equals_plain(backend, k, candidates)
 
 
 def test_tree_drafts_are_top_candidates_then_greedy_chains(backend, tiny_pair):
