@@ -46,7 +46,11 @@ class SlottedGraphRuntime(DecoderRuntime):
 
     # ---- array hooks (numpy) ----
     def _zeros(self, shape: tuple[int, ...]) -> Any:
-        return np.zeros(shape, dtype=self.dtype)
+        # Written, not just calloc'ed: the pages are committed at load, so a model that loads keeps fitting
+        # under load (no OOM at the first busy hour) and its memory metrics show the whole cache.
+        cache = np.empty(shape, dtype=self.dtype)
+        cache.fill(0)
+        return cache
 
     def _index(self, values: Any) -> Any:
         return np.asarray(values, dtype=np.int64)
