@@ -6,7 +6,8 @@
 #
 # 1. hard labels: the draft learns the target's argmax on real training text (--teacher), while the target
 #    writes greedy continuations of training-document openings (build/greedy_corpus.py) on the other core;
-# 2. the draft learns the target's greedy continuations (what it must predict when serving);
+# 2. the draft learns the target's greedy continuations (what it must predict when serving), then once more
+#    with extra JSON continuations (JSON's α lags: its values are where draft and target disagree);
 # 3. build/import_checkpoint.py installs both, build/draft_vocab.py writes the proposal vocabulary,
 #    build/measure_pair.py measures alpha, c, v(k) and the predicted speedup.
 set -euo pipefail
@@ -18,6 +19,7 @@ PY=${PY:-.venv/bin/python}
 SEQUENCES=${SEQUENCES:-192}                     # greedy continuations per domain
 REAL_STEPS=${REAL_STEPS:-100}
 GREEDY_STEPS=${GREEDY_STEPS:-80}
+EXTRA_JSON=${EXTRA_JSON:-320}                   # a third round on more JSON continuations (0: skip)
 PROPOSAL_VOCAB=${PROPOSAL_VOCAB:-2048}          # 0: keep the draft's whole output layer
 export MALLOC_MMAP_THRESHOLD_=1000000000 MALLOC_TRIM_THRESHOLD_=1000000000
 
@@ -41,9 +43,24 @@ echo "[distill] $GREEDY_STEPS steps on the target's greedy continuations (log $O
     --steps "$GREEDY_STEPS" --lr 5e-4 --mix code=1,json=1.2,prose=1.2 --init-from "$OUT/real/hf" \
     --eval-every "$GREEDY_STEPS" --ckpt-every "$GREEDY_STEPS" --seed 791 > "$OUT/greedy_ft.log" 2>&1
 
-if [ "$PROPOSAL_VOCAB" -gt 0 ]; then
-    "$PY" build/draft_vocab.py --draft "$OUT/greedy_ft/hf" --size "$PROPOSAL_VOCAB" --extra "$OUT/greedy"
+final="$OUT/greedy_ft"
+corpus="$OUT/greedy"
+if [ "$EXTRA_JSON" -gt 0 ]; then
+    echo "[distill] $EXTRA_JSON more JSON continuations, then 60 steps on all of them (log $OUT/json_ft.log)"
+    "$PY" build/greedy_corpus.py --target "$TARGET" --out "$OUT/greedy_json" --sequences "$EXTRA_JSON" \
+        --domains json --seed 123 --threads 2 > "$OUT/greedy_json.log" 2>&1
+    corpus="$OUT/greedy_all"
+    rm -rf "$corpus" && cp -r "$OUT/greedy" "$corpus"
+    cat "$OUT/greedy_json/json/train.jsonl" >> "$corpus/json/train.jsonl"
+    "$PY" build/train.py --corpora "$corpus" --out "$OUT/json_ft" "${common[@]}" --threads 2 --steps 60 \
+        --lr 4e-4 --mix code=1,json=1.5,prose=1.2 --init-from "$final/hf" --eval-every 60 --ckpt-every 60 \
+        --seed 792 > "$OUT/json_ft.log" 2>&1
+    final="$OUT/json_ft"
 fi
-"$PY" build/import_checkpoint.py --target "$TARGET" --draft "$OUT/greedy_ft/hf"
+
+if [ "$PROPOSAL_VOCAB" -gt 0 ]; then
+    "$PY" build/draft_vocab.py --draft "$final/hf" --size "$PROPOSAL_VOCAB" --extra "$corpus"
+fi
+"$PY" build/import_checkpoint.py --target "$TARGET" --draft "$final/hf"
 "$PY" build/measure_pair.py --out "$OUT/measure.json" > "$OUT/measure.log" 2>&1
 tail -n 4 "$OUT/measure.log"
