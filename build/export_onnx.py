@@ -30,6 +30,7 @@ def check_export(model_dir: Path, onnx_path: Path) -> tuple[float, float]:
     of a real prompt (fp32 exports)."""
     from specdec.runtime.base import ForwardItem
     from specdec.runtime.onnx_llama import OnnxLlamaRuntime
+    from specdec.runtime.parity import logit_parity
     from specdec.runtime.torch_llama import TorchLlamaRuntime
     from specdec.tokenizer import TextTokenizer
 
@@ -37,7 +38,7 @@ def check_export(model_dir: Path, onnx_path: Path) -> tuple[float, float]:
     item = [ForwardItem(0, 0, ids, num_logits=len(ids))]
     expected = TorchLlamaRuntime(model_dir, num_slots=1, max_length=len(ids), num_threads=1).forward(item)[0]
     got = OnnxLlamaRuntime(model_dir, num_slots=1, max_length=len(ids), onnx_path=onnx_path).forward(item)[0]
-    return float(np.abs(expected - got).max()), float((expected.argmax(-1) == got.argmax(-1)).mean())
+    return logit_parity(expected, got)
 
 
 def main(argv: list[str] | None = None) -> int:
