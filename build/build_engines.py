@@ -31,8 +31,9 @@ from typing import Any
 import yaml
 from render_configs import DECODERS
 from specdec.checkpoint import read_spec
+from specdec.runtime.graph_contract import INPUTS, ONNX_FILE, checkpoint_fingerprint
 from specdec.runtime.onnx_llama import export_is_current
-from specdec.runtime.step_graph import INPUTS, ONNX_FILE, checkpoint_fingerprint, export_decoder
+from specdec.runtime.step_graph import export_decoder
 from specdec.runtime.tensorrt_llama import (
     ENGINE_FILE,
     PRECISIONS,

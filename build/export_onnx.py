@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from specdec.runtime.graph_contract import ONNX_FILE
 from specdec.runtime.onnx_llama import export_is_current
-from specdec.runtime.step_graph import DTYPES, ONNX_FILE, export_decoder
+from specdec.runtime.step_graph import DTYPES, export_decoder
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DECODER_MODELS = ("target_model", "draft_model")

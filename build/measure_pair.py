@@ -55,6 +55,7 @@ def load(path: Path, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).eval()
+    model.checkpoint_params = sum(p.numel() for p in model.parameters())  # before the head is swapped
     proposal_ids = read_proposal_vocab(path, model.config.vocab_size)
     if proposal_ids is not None:
         model.lm_head = SubsetHead(model.lm_head.weight.detach(), proposal_ids)
@@ -194,9 +195,7 @@ def measure(args: argparse.Namespace) -> dict:
     smoke = json.loads(args.smoke.read_text()) if args.smoke and args.smoke.exists() else None
     ks = list(range(1, args.k_max + 1))
     res: dict = {"target": str(args.target), "draft": str(args.draft), "dtype": args.dtype, "threads": args.threads,
-                 "target_params": sum(p.numel() for p in target.parameters()),
-                 "draft_params": sum(p.numel() for n, p in draft.named_parameters() if not n.startswith("lm_head.")
-                                     or not isinstance(draft.lm_head, SubsetHead)),
+                 "target_params": target.checkpoint_params, "draft_params": draft.checkpoint_params,
                  "draft_proposal_vocab": len(draft.lm_head.weight) if isinstance(draft.lm_head, SubsetHead) else None,
                  "domains": {}}
 

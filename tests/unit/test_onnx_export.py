@@ -20,17 +20,16 @@ ort = pytest.importorskip("onnxruntime")
 
 from specdec.checkpoint import read_spec  # noqa: E402
 from specdec.runtime.base import ForwardItem  # noqa: E402
-from specdec.runtime.onnx_llama import OnnxLlamaRuntime, export_is_current  # noqa: E402
-from specdec.runtime.parity import logit_parity  # noqa: E402
-from specdec.runtime.step_graph import (  # noqa: E402
+from specdec.runtime.graph_contract import (  # noqa: E402
     DYNAMIC_AXES,
     INPUTS,
     OUTPUTS,
     checkpoint_fingerprint,
-    example_inputs,
-    export_decoder,
     read_graph_metadata,
 )
+from specdec.runtime.onnx_llama import OnnxLlamaRuntime, export_is_current  # noqa: E402
+from specdec.runtime.parity import logit_parity  # noqa: E402
+from specdec.runtime.step_graph import example_inputs, export_decoder  # noqa: E402
 from specdec.runtime.torch_llama import TorchLlamaRuntime  # noqa: E402
 from specdec.tokenizer import TextTokenizer  # noqa: E402
 

@@ -16,9 +16,9 @@ from specdec.generation import GenerationRequest, GenerationStats, SpeculativeGe
 from specdec.inprocess import InProcessBackend  # noqa: E402
 from specdec.runtime import build_runtime  # noqa: E402
 from specdec.runtime.base import ForwardItem  # noqa: E402
+from specdec.runtime.graph_contract import ONNX_FILE  # noqa: E402
 from specdec.runtime.layout import plan_batch, split_for_limits  # noqa: E402
 from specdec.runtime.onnx_llama import OnnxLlamaRuntime, resolve_onnx  # noqa: E402
-from specdec.runtime.step_graph import ONNX_FILE  # noqa: E402
 from specdec.runtime.torch_llama import TorchLlamaRuntime  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]

@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO / "build"))
 import build_engines  # noqa: E402
 from specdec.checkpoint import read_spec  # noqa: E402
 from specdec.runtime import build_runtime  # noqa: E402
-from specdec.runtime.step_graph import INPUTS, checkpoint_fingerprint  # noqa: E402
+from specdec.runtime.graph_contract import INPUTS, checkpoint_fingerprint  # noqa: E402
 from specdec.runtime.tensorrt_llama import (  # noqa: E402
     EngineMetadata,
     ProfileRange,

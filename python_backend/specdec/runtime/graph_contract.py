@@ -28,7 +28,6 @@ DYNAMIC_AXES = {
     "new_keys": {1: "batch", 3: "new_tokens"},
     "new_values": {1: "batch", 3: "new_tokens"},
 }
-GRAPH_DTYPES = ("float32", "float16", "bfloat16")
 ONNX_FILE = "decoder.onnx"
 META_PREFIX = "specdec."
 

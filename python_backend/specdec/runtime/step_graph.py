@@ -35,16 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.checkpoint import LlamaSpec, load_state_dict, read_proposal_vocab, read_spec
-from specdec.runtime.graph_contract import (  # noqa: F401  (re-exported: the graph's names live with its export)
-    DYNAMIC_AXES,
-    INPUTS,
-    META_PREFIX,
-    ONNX_FILE,
-    OUTPUTS,
-    checkpoint_fingerprint,
-    graph_metadata,
-    read_graph_metadata,
-)
+from specdec.runtime.graph_contract import DYNAMIC_AXES, INPUTS, META_PREFIX, OUTPUTS, graph_metadata
 from specdec.runtime.torch_llama import LlamaWeights, expand_logits, rotate_half
 
 OPSET = 17
