@@ -204,3 +204,20 @@ def test_measure_pair_tau() -> None:
     # T T F | T F: passes emit 3 (two accepted + bonus), then 2
     assert measure_pair.tau_simulated([[True, True, False, True, False]], k=4) == 2.5
     assert measure_pair.distinct4([1, 2, 3, 4] * 5) < 0.3 < measure_pair.distinct4(list(range(20)))
+
+
+def test_greedy_quality_finds_loops_and_reads_training_state(tiny) -> None:
+    import greedy_quality
+
+    assert greedy_quality.tail_cycle(list(range(40)) + [7, 8, 9] * 30) == 3
+    assert greedy_quality.tail_cycle([5] * 80) == 1
+    assert greedy_quality.tail_cycle(list(range(200))) == 0
+    run = tiny["root"] / "quality"
+    train.main(_train_args(tiny, run, layers=1, steps=2))
+    from_state = greedy_quality.main([str(run / "state.pt"), str(run / "hf"), "--tokenizer", str(tiny["tok"]),
+                                      "--corpora", str(tiny["corpora"]), "--prompts", "2", "--prompt-tokens", "8"])
+    assert from_state[0]["step"] == 2
+    for row in from_state:
+        assert set(corpora.DOMAINS) <= set(row)
+        assert all(0.0 <= row[d]["distinct4_mean"] <= 1.0 and row[d]["prompts"] >= 1 for d in corpora.DOMAINS)
+        assert 0 <= row["json"]["json_valid_of_finished"] <= row["json"]["json_finished"]
