@@ -127,6 +127,46 @@ def teacher_labels(teacher, batch: torch.Tensor, micro: int) -> torch.Tensor:
     return torch.cat(out)
 
 
+def repeated_ngram_mask(seq: torch.Tensor, start: int, n: int) -> torch.Tensor:
+    """Bool ``[B, T]``: positions ``t >= start`` whose ``n``-gram ending at ``t`` already occurred in the row."""
+    mask = torch.zeros_like(seq, dtype=torch.bool)
+    for b, row in enumerate(seq.tolist()):
+        seen: set[tuple[int, ...]] = set()
+        for t in range(n - 1, len(row)):
+            gram = tuple(row[t - n + 1:t + 1])
+            if t >= start and gram in seen:
+                mask[b, t] = True
+            seen.add(gram)
+    return mask
+
+
+@torch.no_grad()
+def greedy_rollouts(model, prefixes: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """``prefixes`` (``[B, P]``) continued greedily by ``model`` for ``new_tokens`` tokens (``[B, P + new]``)."""
+    from transformers import DynamicCache
+
+    model.eval()
+    cache = DynamicCache()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(input_ids=prefixes, past_key_values=cache, use_cache=True).logits[:, -1]
+        out = [prefixes]
+        for _ in range(new_tokens):
+            nxt = logits.argmax(-1, keepdim=True)
+            out.append(nxt)
+            logits = model(input_ids=nxt, past_key_values=cache, use_cache=True).logits[:, -1]
+    model.train()
+    return torch.cat(out, dim=1)
+
+
+def unlikelihood_loss(model, seq: torch.Tensor, mask: torch.Tensor, start: int) -> torch.Tensor:
+    """Sequence-level unlikelihood (Welleck et al., 2020): ``-log(1 - p(x_t | x_<t))`` at the ``mask``ed
+    positions of the model's own continuation, summed and divided by the continuation's length."""
+    logits = model(input_ids=seq[:, :-1]).logits.float()
+    p_tok = torch.softmax(logits, dim=-1).gather(-1, seq[:, 1:, None]).squeeze(-1)
+    penalty = -torch.log1p(-p_tok.clamp(max=1 - 1e-6)) * mask[:, 1:]
+    return penalty.sum() / (seq.shape[0] * (seq.shape[1] - start))
+
+
 @torch.no_grad()
 def evaluate(model, windows: dict[str, torch.Tensor], micro: int, teacher=None) -> dict[str, float]:
     """Held-out next-token loss per domain (and, with a teacher, argmax agreement ``<domain>_agree``)."""
@@ -199,6 +239,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="HF folder of a teacher (the target): train on its argmax instead of the next token")
     ap.add_argument("--teacher-frac", type=float, default=1.0,
                     help="with --teacher: weight of the teacher-argmax loss (the rest is next-token loss)")
+    ap.add_argument("--ul-every", type=int, default=0,
+                    help="every N steps also penalise the model's repeated n-grams in its own greedy continuations "
+                         "(sequence-level unlikelihood, against greedy loops); 0: off")
+    ap.add_argument("--ul-batch", type=int, default=4, help="continuations per unlikelihood step")
+    ap.add_argument("--ul-mix", default="code=1,prose=1.3",
+                    help="domains of the unlikelihood prefixes (JSON legitimately repeats long n-grams)")
+    ap.add_argument("--ul-prefix", type=int, default=64, help="prefix tokens (the start of training windows)")
+    ap.add_argument("--ul-tokens", type=int, default=128, help="greedy tokens generated after each prefix")
+    ap.add_argument("--ul-ngram", type=int, default=8, help="a token is penalised when its n-gram repeats")
+    ap.add_argument("--ul-weight", type=float, default=1.0)
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--batch", type=int, default=16, help="sequences per optimizer step")
@@ -235,6 +285,10 @@ def main(argv: list[str] | None = None) -> dict:
     valid = {d: eval_windows(tokenize_split(tokenizer, args.corpora / d / "valid.jsonl", args.cache),
                              args.seq_len, args.eval_windows) for d in mix}
     batches = Batches(train_streams, mix, args.seq_len, args.batch, args.seed)
+    ul_prefixes = None
+    if args.ul_every:
+        ul_mix = {k: float(v) for k, v in (kv.split("=") for kv in args.ul_mix.split(","))}
+        ul_prefixes = Batches(train_streams, ul_mix, args.ul_prefix - 1, args.ul_batch, args.seed + 1)
 
     config = make_config(args, tokenizer)
     model = LlamaForCausalLM(config)
@@ -285,6 +339,7 @@ def main(argv: list[str] | None = None) -> dict:
         log({"step": 0, "params": n_params, "config": config.to_dict(), "eval": first})
     bar = tqdm(total=args.steps, initial=step, disable=not args.progress, dynamic_ncols=True, mininterval=2)
     loss_ema = None
+    ul_sums = [0.0, 0.0, 0]  # unlikelihood: penalty, repeated share, steps
     while step < args.steps:
         t0 = time.perf_counter()
         for g in opt.param_groups:
@@ -305,6 +360,14 @@ def main(argv: list[str] | None = None) -> dict:
                         loss = loss + (1 - w) * lm_loss(model, mb)
             (loss * len(mb) / args.batch).backward()
             total += float(loss.detach()) * len(mb) / args.batch
+        if ul_prefixes is not None and step % args.ul_every == 0:
+            seq = greedy_rollouts(model, ul_prefixes.get(step), args.ul_tokens)
+            mask = repeated_ngram_mask(seq, args.ul_prefix, args.ul_ngram)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+                ul = unlikelihood_loss(model, seq, mask, args.ul_prefix)
+            (args.ul_weight * ul).backward()
+            repeated = float(mask.sum()) / mask[:, args.ul_prefix:].numel()
+            ul_sums = [ul_sums[0] + float(ul.detach()), ul_sums[1] + repeated, ul_sums[2] + 1]
         gnorm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
         opt.step()
         step += 1
@@ -319,6 +382,9 @@ def main(argv: list[str] | None = None) -> dict:
         if step % 50 == 0 or rec:
             rec.update(step=step, loss=round(total, 4), loss_ema=round(loss_ema, 4), lr=lr_at(step - 1, args),
                        grad_norm=round(gnorm, 3), tokens_seen=tokens_seen, elapsed_s=round(elapsed, 1))
+            if ul_sums[2]:  # means since the last record: the penalty and the share of repeated positions
+                rec.update(ul_loss=round(ul_sums[0] / ul_sums[2], 4), ul_repeated=round(ul_sums[1] / ul_sums[2], 3))
+                ul_sums = [0.0, 0.0, 0]
             log(rec)
             if "eval" in rec:
                 bar.write(f"step {step} loss {loss_ema:.3f} held-out {rec['eval']}")

@@ -96,6 +96,26 @@ def test_train_runs_logs_and_resumes(tiny) -> None:
     assert str(next(model.parameters()).dtype) == "torch.bfloat16"
 
 
+def test_repeated_ngram_mask_marks_only_repeats_after_the_prefix() -> None:
+    import torch
+
+    seq = torch.tensor([[1, 2, 3, 1, 2, 3, 1, 2, 9], [5, 6, 7, 8, 9, 10, 11, 12, 13]])
+    mask = train.repeated_ngram_mask(seq, start=2, n=2)
+    # (1, 2) repeats at t=4 and t=7, (2, 3) at t=5, (3, 1) at t=6; the second row never repeats
+    assert mask[0].nonzero().flatten().tolist() == [4, 5, 6, 7]
+    assert not mask[1].any()
+    assert not train.repeated_ngram_mask(seq, start=8, n=2)[0, :8].any()
+
+
+def test_unlikelihood_steps_run_and_are_logged(tiny) -> None:
+    out = tiny["root"] / "ul"
+    train.main(_train_args(tiny, out, layers=1, steps=4) + ["--ul-every", "1", "--ul-batch", "2", "--ul-prefix",
+                                                            "8", "--ul-tokens", "16", "--ul-ngram", "2"])
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    last = log[-1]
+    assert last["step"] == 4 and last["ul_loss"] >= 0.0 and 0.0 <= last["ul_repeated"] <= 1.0
+
+
 def test_draft_on_teacher_argmax_and_greedy_corpus(tiny) -> None:
     teacher = tiny["root"] / "teacher"
     train.main(_train_args(tiny, teacher, layers=2, steps=2))
