@@ -6,7 +6,7 @@ and this reports per domain the mean distinct-4-gram ratio (1.0: no repeated 4-g
 0), the share of continuations whose last quarter repeats one short cycle, and for JSON how many finished
 documents parse.
 
-Usage: ``python build/greedy_quality.py CKPT [CKPT ...] --tokenizer checkpoints/tokenizer --out curve.json``
+Usage: ``python build/greedy_quality.py [--reference] CKPT [CKPT ...] --out curve.json``
 """
 
 from __future__ import annotations
@@ -49,12 +49,16 @@ def load_target(path: Path):
 
 
 def quality(model, tok, corpora: Path, prompts: int, prompt_tokens: int) -> dict:
-    """Per-domain distinct-4, loop share and JSON validity of greedy continuations."""
+    """Per-domain distinct-4, loop share and JSON validity of greedy continuations (``model`` None: of the
+    held-out documents' own continuations, the reference a loop-free writer gives)."""
     out = {}
     for dom in DOMAINS:
         div, loops, finished, valid = [], 0, 0, 0
         for p in prompts_for(dom, corpora, tok, prompts, prompt_tokens, None):
-            cont = greedy(model, p["ids"], GEN_TOKENS[dom], tok.eos_token_id)
+            if model is None:
+                cont = (p["rest"] + [tok.eos_token_id])[:GEN_TOKENS[dom]]
+            else:
+                cont = greedy(model, p["ids"], GEN_TOKENS[dom], tok.eos_token_id)
             div.append(distinct4(cont))
             ended = bool(cont) and cont[-1] == tok.eos_token_id
             loops += (not ended) and tail_cycle(cont) > 0
@@ -71,7 +75,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     from transformers import AutoTokenizer
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("checkpoints", type=Path, nargs="+")
+    ap.add_argument("checkpoints", type=Path, nargs="*")
+    ap.add_argument("--reference", action="store_true", help="also a row for the held-out documents themselves")
     ap.add_argument("--tokenizer", type=Path, default=ROOT / "model_repository" / "target_model" / "1")
     ap.add_argument("--corpora", type=Path, default=ROOT / "data" / "corpora")
     ap.add_argument("--prompts", type=int, default=12, help="held-out prompts per domain")
@@ -82,6 +87,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     torch.set_num_threads(args.threads)
     tok = AutoTokenizer.from_pretrained(str(args.tokenizer))
     rows = []
+    if args.reference:
+        rows.append({"checkpoint": "held-out text", **quality(None, tok, args.corpora, args.prompts,
+                                                               args.prompt_tokens)})
+        print(json.dumps(rows[-1]), flush=True)
     for path in args.checkpoints:
         model, meta = load_target(path)
         row = {"checkpoint": str(path), **(meta or {}),

@@ -172,13 +172,14 @@ def json_valid(text: str) -> bool:
 
 
 def prompts_for(domain: str, corpora: Path, tok, n: int, prompt_tokens: int, smoke: dict | None) -> list[dict]:
-    """Held-out document openings (``prompt_tokens`` tokens) and the smoke prompts of the client, if any."""
+    """Held-out document openings (``prompt_tokens`` tokens; ``rest``: the document's own continuation) and the
+    smoke prompts of the client, if any."""
     docs = read_jsonl(corpora / domain / "valid.jsonl")
     step = max(1, len(docs) // n)
     out = []
     for d in docs[::step][:n]:
-        ids = tok(d["text"])["input_ids"][:prompt_tokens]
-        out.append({"set": "held-out", "ids": ids})
+        ids = tok(d["text"])["input_ids"]
+        out.append({"set": "held-out", "ids": ids[:prompt_tokens], "rest": ids[prompt_tokens:]})
     for text in (smoke or {}).get(SMOKE_KEYS[domain], []):
         out.append({"set": "smoke", "ids": tok(text)["input_ids"]})
     return out

@@ -234,10 +234,12 @@ def test_greedy_quality_finds_loops_and_reads_training_state(tiny) -> None:
     assert greedy_quality.tail_cycle(list(range(200))) == 0
     run = tiny["root"] / "quality"
     train.main(_train_args(tiny, run, layers=1, steps=2))
-    from_state = greedy_quality.main([str(run / "state.pt"), str(run / "hf"), "--tokenizer", str(tiny["tok"]),
-                                      "--corpora", str(tiny["corpora"]), "--prompts", "2", "--prompt-tokens", "8"])
-    assert from_state[0]["step"] == 2
-    for row in from_state:
+    rows = greedy_quality.main([str(run / "state.pt"), str(run / "hf"), "--reference", "--tokenizer",
+                                str(tiny["tok"]), "--corpora", str(tiny["corpora"]), "--prompts", "2",
+                                "--prompt-tokens", "8"])
+    assert [r["checkpoint"] for r in rows] == ["held-out text", str(run / "state.pt"), str(run / "hf")]
+    assert rows[1]["step"] == 2
+    for row in rows:
         assert set(corpora.DOMAINS) <= set(row)
         assert all(0.0 <= row[d]["distinct4_mean"] <= 1.0 and row[d]["prompts"] >= 1 for d in corpora.DOMAINS)
         assert 0 <= row["json"]["json_valid_of_finished"] <= row["json"]["json_finished"]
