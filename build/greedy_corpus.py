@@ -23,6 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from corpora import DOMAINS, read_jsonl, write_jsonl  # noqa: E402
+from train import bf16_autocast  # noqa: E402
 
 GEN_TOKENS = {"json": 160, "code": 256, "prose": 320}
 
@@ -33,13 +34,13 @@ def greedy_batch(model, prompts: torch.Tensor, n: int) -> torch.Tensor:
     from transformers import DynamicCache
 
     cache = DynamicCache()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with bf16_autocast():
         logits = model(input_ids=prompts, past_key_values=cache, use_cache=True).logits
     out = []
     for _ in range(n):
         nxt = logits[:, -1].argmax(-1, keepdim=True)
         out.append(nxt)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with bf16_autocast():
             logits = model(input_ids=nxt, past_key_values=cache, use_cache=True).logits
     return torch.cat(out, dim=1)
 

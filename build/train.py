@@ -2,10 +2,10 @@
 
 Next-token training on random windows of the concatenated ``<s> doc </s>`` token streams of each domain,
 domains mixed by ``--mix``. Fixed seeds (the batch of step ``i`` depends only on the seed and ``i``, so a
-resumed run sees the same data), bf16 autocast on CPU, tqdm progress bar, a resumable checkpoint
-(``state.pt``) every ``--ckpt-every`` steps, held-out loss per domain every ``--eval-every`` steps, logged
-to ``<out>/log.jsonl``. The final model is saved in Hugging Face format (bf16 safetensors + tokenizer)
-to ``<out>/hf``.
+resumed run sees the same data), bf16 autocast on CPUs with native bf16 (fp32 elsewhere), tqdm progress
+bar, a resumable checkpoint (``state.pt``) every ``--ckpt-every`` steps, held-out loss per domain every
+``--eval-every`` steps, logged to ``<out>/log.jsonl``. The final model is saved in Hugging Face format
+(bf16 safetensors + tokenizer) to ``<out>/hf``.
 
 Examples::
 
@@ -33,6 +33,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from corpora import read_jsonl  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of CPUs with native bf16 arithmetic
+
+
+def cpu_has_native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this CPU computes bf16 natively. Without it (e.g. an AVX2-only EPYC) torch emulates bf16:
+    measured there, a 12-layer training step under bf16 autocast took 23 s against 0.9 s in fp32."""
+    try:
+        flags = cpuinfo.read_text().split()
+    except OSError:
+        return False
+    return any(f in flags for f in BF16_CPU_FLAGS)
+
+
+USE_BF16 = cpu_has_native_bf16()
+
+
+def bf16_autocast() -> torch.autocast:
+    """bf16 autocast where the CPU has native bf16 (2x faster than fp32 there), else a no-op (fp32)."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=USE_BF16)
 
 
 # --------------------------------------------------------------------------------------------- data
@@ -122,7 +142,7 @@ def teacher_labels(teacher, batch: torch.Tensor, micro: int) -> torch.Tensor:
     """The teacher's argmax at every position of ``batch[:, :-1]`` (hard distillation labels)."""
     out = []
     for i in range(0, len(batch), micro):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with bf16_autocast():
             out.append(teacher(input_ids=batch[i:i + micro, :-1]).logits.argmax(-1))
     return torch.cat(out)
 
@@ -147,7 +167,7 @@ def greedy_rollouts(model, prefixes: torch.Tensor, new_tokens: int) -> torch.Ten
 
     model.eval()
     cache = DynamicCache()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with bf16_autocast():
         logits = model(input_ids=prefixes, past_key_values=cache, use_cache=True).logits[:, -1]
         out = [prefixes]
         for _ in range(new_tokens):
@@ -176,7 +196,7 @@ def evaluate(model, windows: dict[str, torch.Tensor], micro: int, teacher=None) 
         tot, n, agree, seen = 0.0, 0, 0, 0
         for i in range(0, len(w), micro):
             mb = w[i:i + micro]
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with bf16_autocast():
                 logits = model(input_ids=mb[:, :-1]).logits
                 if teacher is not None:
                     t = teacher(input_ids=mb[:, :-1]).logits.argmax(-1)
@@ -264,7 +284,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--eval-windows", type=int, default=32, help="held-out windows per domain")
     ap.add_argument("--ckpt-every", type=int, default=250)
     ap.add_argument("--resume", action="store_true", help="continue from <out>/state.pt if present")
-    ap.add_argument("--no-bf16", dest="bf16", action="store_false")
+    ap.add_argument("--bf16", choices=("auto", "on", "off"), default="auto",
+                    help="bf16 autocast: auto = where the CPU has native bf16 (avx512_bf16 / amx_bf16)")
+    ap.add_argument("--no-bf16", dest="bf16", action="store_const", const="off", help="same as --bf16 off")
     ap.add_argument("--no-progress", dest="progress", action="store_false")
     return ap.parse_args(argv)
 
@@ -274,7 +296,9 @@ def main(argv: list[str] | None = None) -> dict:
     from tqdm import tqdm
     from transformers import AutoTokenizer, LlamaForCausalLM
 
+    global USE_BF16
     args = parse_args(argv)
+    USE_BF16 = cpu_has_native_bf16() if args.bf16 == "auto" else args.bf16 == "on"
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     np.random.seed(args.seed)
@@ -350,7 +374,7 @@ def main(argv: list[str] | None = None) -> dict:
         total = 0.0
         for i in range(0, args.batch, args.micro):
             mb = batch[i:i + args.micro]
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            with bf16_autocast():
                 if labels is None:
                     loss = lm_loss(model, mb)
                 else:
@@ -363,7 +387,7 @@ def main(argv: list[str] | None = None) -> dict:
         if ul_prefixes is not None and step % args.ul_every == 0:
             seq = greedy_rollouts(model, ul_prefixes.get(step), args.ul_tokens)
             mask = repeated_ngram_mask(seq, args.ul_prefix, args.ul_ngram)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            with bf16_autocast():
                 ul = unlikelihood_loss(model, seq, mask, args.ul_prefix)
             (args.ul_weight * ul).backward()
             repeated = float(mask.sum()) / mask[:, args.ul_prefix:].numel()

@@ -96,6 +96,27 @@ def test_train_runs_logs_and_resumes(tiny) -> None:
     assert str(next(model.parameters()).dtype) == "torch.bfloat16"
 
 
+def test_bf16_autocast_only_where_the_cpu_has_native_bf16(tmp_path) -> None:
+    """Emulated bf16 (an AVX2-only CPU) made a training step 25x slower than fp32: autocast must stay off there."""
+    avx2 = tmp_path / "avx2"
+    avx2.write_text("processor : 0\nflags : fpu sse2 avx avx2 fma\n")
+    sapphire = tmp_path / "spr"
+    sapphire.write_text("processor : 0\nflags : fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n")
+    assert not train.cpu_has_native_bf16(avx2)
+    assert train.cpu_has_native_bf16(sapphire)
+    assert not train.cpu_has_native_bf16(tmp_path / "missing")
+    assert train.parse_args(["--out", "x"]).bf16 == "auto"
+    assert train.parse_args(["--out", "x", "--no-bf16"]).bf16 == "off"
+    assert train.parse_args(["--out", "x", "--bf16", "on"]).bf16 == "on"
+    saved = train.USE_BF16
+    try:
+        for enabled in (False, True):
+            train.USE_BF16 = enabled
+            assert train.bf16_autocast()._enabled is enabled
+    finally:
+        train.USE_BF16 = saved
+
+
 def test_repeated_ngram_mask_marks_only_repeats_after_the_prefix() -> None:
     import torch
 
