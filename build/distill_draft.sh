@@ -26,7 +26,7 @@ export MALLOC_MMAP_THRESHOLD_=1000000000 MALLOC_TRIM_THRESHOLD_=1000000000
 mkdir -p "$OUT"
 common=(--layers 1 --hidden 256 --heads 4 --kv-heads 4 --intermediate 704 --seq-len 512 --batch 8 --micro 2
         --warmup 5 --min-lr-frac 0.2 --teacher "$TARGET" --teacher-frac 1 --threads 1 --eval-windows 8
-        --no-progress)
+        --no-progress --tokenizer "$TARGET")
 
 echo "[distill] greedy continuations of $TARGET -> $OUT/greedy (log $OUT/greedy.log)"
 "$PY" build/greedy_corpus.py --target "$TARGET" --out "$OUT/greedy" --sequences "$SEQUENCES" --threads 1 \
