@@ -7,7 +7,8 @@
 # 1. hard labels: the draft learns the target's argmax on real training text (--teacher), while the target
 #    writes greedy continuations of training-document openings (build/greedy_corpus.py) on the other core;
 # 2. the draft learns the target's greedy continuations (what it must predict when serving), then once more
-#    with extra JSON continuations (JSON's α lags: its values are where draft and target disagree);
+#    with extra JSON continuations (JSON's α lags: its values are where draft and target disagree), then with
+#    extra code and prose continuations (a target that does not loop needs more of them);
 # 3. build/import_checkpoint.py installs both, build/draft_vocab.py writes the proposal vocabulary,
 #    build/measure_pair.py measures alpha, c, v(k) and the predicted speedup.
 set -euo pipefail
@@ -20,6 +21,8 @@ SEQUENCES=${SEQUENCES:-192}                     # greedy continuations per domai
 REAL_STEPS=${REAL_STEPS:-100}
 GREEDY_STEPS=${GREEDY_STEPS:-80}
 EXTRA_JSON=${EXTRA_JSON:-320}                   # a third round on more JSON continuations (0: skip)
+EXTRA_CODE=${EXTRA_CODE:-320}                   # a fourth round on more code and prose continuations (both 0: skip)
+EXTRA_PROSE=${EXTRA_PROSE:-256}
 PROPOSAL_VOCAB=${PROPOSAL_VOCAB:-2048}          # 0: keep the draft's whole output layer
 export MALLOC_MMAP_THRESHOLD_=1000000000 MALLOC_TRIM_THRESHOLD_=1000000000
 
@@ -56,6 +59,32 @@ if [ "$EXTRA_JSON" -gt 0 ]; then
         --lr 4e-4 --mix code=1,json=1.5,prose=1.2 --init-from "$final/hf" --eval-every 60 --ckpt-every 60 \
         --seed 792 > "$OUT/json_ft.log" 2>&1
     final="$OUT/json_ft"
+fi
+
+if [ "$EXTRA_CODE" -gt 0 ] || [ "$EXTRA_PROSE" -gt 0 ]; then
+    # A target without greedy loops writes varied code and prose: 192 continuations per domain were too few
+    # (this round raised alpha on its greedy text by 0.03 on each domain, docs/MODELS.md section 5).
+    echo "[distill] $EXTRA_CODE code and $EXTRA_PROSE prose continuations more, then 100 steps (log $OUT/more_ft.log)"
+    more="$OUT/greedy_more"
+    rm -rf "$more" && cp -r "$corpus" "$more"
+    for dom in code prose; do
+        n=$EXTRA_CODE; seed=321
+        if [ "$dom" = prose ]; then n=$EXTRA_PROSE; seed=322; fi
+        [ "$n" -gt 0 ] || continue
+        "$PY" build/greedy_corpus.py --target "$TARGET" --out "$OUT/greedy_${dom}2" --sequences "$n" \
+            --domains "$dom" --seed "$seed" --threads 1 > "$OUT/greedy_${dom}2.log" 2>&1 &
+    done
+    wait
+    for dom in code prose; do
+        if [ -f "$OUT/greedy_${dom}2/$dom/train.jsonl" ]; then
+            cat "$OUT/greedy_${dom}2/$dom/train.jsonl" >> "$more/$dom/train.jsonl"
+        fi
+    done
+    "$PY" build/train.py --corpora "$more" --out "$OUT/more_ft" "${common[@]}" --threads 2 --steps 100 \
+        --lr 4e-4 --mix code=1.3,json=1,prose=1.3 --init-from "$final/hf" --eval-every 100 --ckpt-every 100 \
+        --seed 793 > "$OUT/more_ft.log" 2>&1
+    final="$OUT/more_ft"
+    corpus="$more"
 fi
 
 if [ "$PROPOSAL_VOCAB" -gt 0 ]; then
