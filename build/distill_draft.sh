@@ -67,19 +67,15 @@ if [ "$EXTRA_CODE" -gt 0 ] || [ "$EXTRA_PROSE" -gt 0 ]; then
     echo "[distill] $EXTRA_CODE code and $EXTRA_PROSE prose continuations more, then 100 steps (log $OUT/more_ft.log)"
     more="$OUT/greedy_more"
     rm -rf "$more" && cp -r "$corpus" "$more"
-    for dom in code prose; do
-        n=$EXTRA_CODE; seed=321
-        if [ "$dom" = prose ]; then n=$EXTRA_PROSE; seed=322; fi
-        [ "$n" -gt 0 ] || continue
-        "$PY" build/greedy_corpus.py --target "$TARGET" --out "$OUT/greedy_${dom}2" --sequences "$n" \
-            --domains "$dom" --seed "$seed" --threads 1 > "$OUT/greedy_${dom}2.log" 2>&1 &
-    done
-    wait
-    for dom in code prose; do
-        if [ -f "$OUT/greedy_${dom}2/$dom/train.jsonl" ]; then
-            cat "$OUT/greedy_${dom}2/$dom/train.jsonl" >> "$more/$dom/train.jsonl"
-        fi
-    done
+    extra() {  # extra DOMAIN COUNT SEED: COUNT more continuations of DOMAIN, appended to $more's train split
+        [ "$2" -gt 0 ] || return 0
+        "$PY" build/greedy_corpus.py --target "$TARGET" --out "$OUT/greedy_${1}2" --sequences "$2" \
+            --domains "$1" --seed "$3" --threads 1 > "$OUT/greedy_${1}2.log" 2>&1
+        cat "$OUT/greedy_${1}2/$1/train.jsonl" >> "$more/$1/train.jsonl"
+    }
+    extra code "$EXTRA_CODE" 321 & code_pid=$!
+    extra prose "$EXTRA_PROSE" 322 & prose_pid=$!
+    wait "$code_pid" && wait "$prose_pid"   # a failed generation stops the script (set -e)
     "$PY" build/train.py --corpora "$more" --out "$OUT/more_ft" "${common[@]}" --threads 2 --steps 100 \
         --lr 4e-4 --mix code=1.3,json=1,prose=1.3 --init-from "$final/hf" --eval-every 100 --ckpt-every 100 \
         --seed 793 > "$OUT/more_ft.log" 2>&1

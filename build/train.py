@@ -39,7 +39,8 @@ BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # /proc/cpuinfo flags of CPUs with
 
 def cpu_has_native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
     """Whether this CPU computes bf16 natively. Without it (e.g. an AVX2-only EPYC) torch emulates bf16:
-    measured there, a 12-layer training step under bf16 autocast took 23 s against 0.9 s in fp32."""
+    measured there, forward + backward of the 12-layer target on 2 x 512 tokens took 23 s under bf16 autocast
+    against 1 s in fp32."""
     try:
         flags = cpuinfo.read_text().split()
     except OSError:
