@@ -23,6 +23,8 @@ GREEDY_STEPS=${GREEDY_STEPS:-80}
 EXTRA_JSON=${EXTRA_JSON:-320}                   # a third round on more JSON continuations (0: skip)
 EXTRA_CODE=${EXTRA_CODE:-320}                   # a fourth round on more code and prose continuations (both 0: skip)
 EXTRA_PROSE=${EXTRA_PROSE:-256}
+MORE_STEPS=${MORE_STEPS:-100}                   # the fourth round's steps
+MORE_MIX=${MORE_MIX:-code=1.3,json=1,prose=1.3}
 PROPOSAL_VOCAB=${PROPOSAL_VOCAB:-2048}          # 0: keep the draft's whole output layer
 export MALLOC_MMAP_THRESHOLD_=1000000000 MALLOC_TRIM_THRESHOLD_=1000000000
 
@@ -64,7 +66,7 @@ fi
 if [ "$EXTRA_CODE" -gt 0 ] || [ "$EXTRA_PROSE" -gt 0 ]; then
     # A target without greedy loops writes varied code and prose: 192 continuations per domain were too few
     # (this round raised alpha on its greedy text by 0.03 on each domain, docs/MODELS.md section 5).
-    echo "[distill] $EXTRA_CODE code and $EXTRA_PROSE prose continuations more, then 100 steps (log $OUT/more_ft.log)"
+    echo "[distill] $EXTRA_CODE code and $EXTRA_PROSE prose continuations more, then $MORE_STEPS steps (log $OUT/more_ft.log)"
     more="$OUT/greedy_more"
     rm -rf "$more" && cp -r "$corpus" "$more"
     extra() {  # extra DOMAIN COUNT SEED: COUNT more continuations of DOMAIN, appended to $more's train split
@@ -76,8 +78,9 @@ if [ "$EXTRA_CODE" -gt 0 ] || [ "$EXTRA_PROSE" -gt 0 ]; then
     extra code "$EXTRA_CODE" 321 & code_pid=$!
     extra prose "$EXTRA_PROSE" 322 & prose_pid=$!
     wait "$code_pid" && wait "$prose_pid"   # a failed generation stops the script (set -e)
-    "$PY" build/train.py --corpora "$more" --out "$OUT/more_ft" "${common[@]}" --threads 2 --steps 100 \
-        --lr 4e-4 --mix code=1.3,json=1,prose=1.3 --init-from "$final/hf" --eval-every 100 --ckpt-every 100 \
+    "$PY" build/train.py --corpora "$more" --out "$OUT/more_ft" "${common[@]}" --threads 2 \
+        --steps "$MORE_STEPS" --lr 4e-4 --mix "$MORE_MIX" --init-from "$final/hf" --eval-every "$MORE_STEPS" \
+        --ckpt-every "$MORE_STEPS" \
         --seed 793 > "$OUT/more_ft.log" 2>&1
     final="$OUT/more_ft"
     corpus="$more"

@@ -3,8 +3,10 @@
 For each checkpoint (a Hugging Face folder, or a ``build/train.py`` ``state.pt``), the target writes greedy
 continuations of held-out document openings, the same prompts and lengths ``build/measure_pair.py`` uses,
 and this reports per domain the mean distinct-4-gram ratio (1.0: no repeated 4-gram; loops push it towards
-0), the share of continuations whose last quarter repeats one short cycle, and for JSON how many finished
-documents parse.
+0), the share of continuations whose last quarter repeats one short cycle, the broken characters per 1000
+generated tokens (U+FFFD in the decoded text: byte-level tokens that never complete a UTF-8 character, which
+is how a target that unlikelihood training pushed too hard escapes its loops, docs/MODELS.md §4, "Target,
+fifth session"), and for JSON how many finished documents parse.
 
 Usage: ``python build/greedy_quality.py [--reference] CKPT [CKPT ...] --out curve.json``
 """
@@ -25,6 +27,7 @@ from corpora import DOMAINS  # noqa: E402
 from measure_pair import GEN_TOKENS, ROOT, distinct4, greedy, json_valid, prompts_for  # noqa: E402
 
 MAX_CYCLE = 32  # longest period (tokens) counted as a loop
+REPLACEMENT_CHAR = "\ufffd"  # what decoding yields for bytes that are not valid UTF-8
 
 
 def tail_cycle(ids: list[int], max_cycle: int = MAX_CYCLE) -> int:
@@ -34,6 +37,13 @@ def tail_cycle(ids: list[int], max_cycle: int = MAX_CYCLE) -> int:
         if len(tail) >= 2 * period and all(tail[i] == tail[i - period] for i in range(period, len(tail))):
             return period
     return 0
+
+
+def broken_chars(tok, prompt: list[int], cont: list[int]) -> int:
+    """U+FFFD characters the continuation adds to the decoded text (prompt and continuation decoded together,
+    so a character split across the boundary is not counted)."""
+    whole = tok.decode(prompt + cont, skip_special_tokens=True)
+    return whole.count(REPLACEMENT_CHAR) - tok.decode(prompt, skip_special_tokens=True).count(REPLACEMENT_CHAR)
 
 
 def load_target(path: Path):
@@ -53,19 +63,22 @@ def quality(model, tok, corpora: Path, prompts: int, prompt_tokens: int) -> dict
     held-out documents' own continuations, the reference a loop-free writer gives)."""
     out = {}
     for dom in DOMAINS:
-        div, loops, finished, valid = [], 0, 0, 0
+        div, loops, finished, valid, broken, generated = [], 0, 0, 0, 0, 0
         for p in prompts_for(dom, corpora, tok, prompts, prompt_tokens, None):
             if model is None:
                 cont = (p["rest"] + [tok.eos_token_id])[:GEN_TOKENS[dom]]
             else:
                 cont = greedy(model, p["ids"], GEN_TOKENS[dom], tok.eos_token_id)
             div.append(distinct4(cont))
+            broken += broken_chars(tok, p["ids"], cont)
+            generated += len(cont)
             ended = bool(cont) and cont[-1] == tok.eos_token_id
             loops += (not ended) and tail_cycle(cont) > 0
             if dom == "json" and ended:
                 finished += 1
                 valid += json_valid(tok.decode(p["ids"] + cont, skip_special_tokens=True))
-        out[dom] = {"distinct4_mean": round(statistics.mean(div), 3), "looping": loops, "prompts": len(div)}
+        out[dom] = {"distinct4_mean": round(statistics.mean(div), 3), "looping": loops, "prompts": len(div),
+                    "broken_per_1k_tokens": round(1000 * broken / max(generated, 1), 2)}
         if dom == "json":
             out[dom].update(json_finished=finished, json_valid_of_finished=valid)
     return out

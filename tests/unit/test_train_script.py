@@ -264,3 +264,17 @@ def test_greedy_quality_finds_loops_and_reads_training_state(tiny) -> None:
         assert set(corpora.DOMAINS) <= set(row)
         assert all(0.0 <= row[d]["distinct4_mean"] <= 1.0 and row[d]["prompts"] >= 1 for d in corpora.DOMAINS)
         assert 0 <= row["json"]["json_valid_of_finished"] <= row["json"]["json_finished"]
+        assert all(row[d]["broken_per_1k_tokens"] >= 0.0 for d in corpora.DOMAINS)
+
+
+def test_broken_chars_counts_only_the_continuations_incomplete_bytes(tiny) -> None:
+    import greedy_quality
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny["tok"]))
+    prompt = tok("def f():")["input_ids"]
+    whole = tok("def f(): return 'é'")["input_ids"]
+    assert greedy_quality.broken_chars(tok, prompt, whole[len(prompt):]) == 0
+    lead_byte = tok.convert_tokens_to_ids("Ã")  # byte-level BPE's token for 0xC3, the first byte of "é"
+    assert lead_byte != tok.unk_token_id
+    assert greedy_quality.broken_chars(tok, prompt, [lead_byte] + tok(" x", add_special_tokens=False)["input_ids"]) == 1
