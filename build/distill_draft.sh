@@ -9,6 +9,7 @@
 # 2. the draft learns the target's greedy continuations (what it must predict when serving), then once more
 #    with extra JSON continuations (JSON's α lags: its values are where draft and target disagree), then with
 #    extra code and prose continuations (a target that does not loop needs more of them);
+#    and then code-only rounds: code's alpha is the one that lags on a target whose code does not loop;
 # 3. build/import_checkpoint.py installs both, build/draft_vocab.py writes the proposal vocabulary,
 #    build/measure_pair.py measures alpha, c, v(k) and the predicted speedup.
 set -euo pipefail
@@ -25,6 +26,8 @@ EXTRA_CODE=${EXTRA_CODE:-320}                   # a fourth round on more code an
 EXTRA_PROSE=${EXTRA_PROSE:-256}
 MORE_STEPS=${MORE_STEPS:-100}                   # the fourth round's steps
 MORE_MIX=${MORE_MIX:-code=1.3,json=1,prose=1.3}
+CODE_ROUNDS=${CODE_ROUNDS:-"1280:200 2560:300 5120:400"}  # code-only rounds after it, COUNT:STEPS each ("": skip)
+CODE_MIX=${CODE_MIX:-code=2,json=1,prose=1.2}
 PROPOSAL_VOCAB=${PROPOSAL_VOCAB:-2048}          # 0: keep the draft's whole output layer
 export MALLOC_MMAP_THRESHOLD_=1000000000 MALLOC_TRIM_THRESHOLD_=1000000000
 
@@ -85,6 +88,31 @@ if [ "$EXTRA_CODE" -gt 0 ] || [ "$EXTRA_PROSE" -gt 0 ]; then
     final="$OUT/more_ft"
     corpus="$more"
 fi
+
+# Code-only rounds: COUNT more code continuations (two generators, one per core), then STEPS steps on the
+# whole corpus so far with code weighted up (docs/MODELS.md section 4, "Draft, sixth session").
+round=0
+for spec in $CODE_ROUNDS; do
+    count=${spec%%:*} steps=${spec##*:} round=$((round + 1))
+    echo "[distill] code round $round: $count more code continuations, then $steps steps (log $OUT/code_ft$round.log)"
+    grow="$OUT/greedy_code$round"
+    rm -rf "$grow" && cp -r "$corpus" "$grow"
+    half() {  # half SEED: COUNT/2 code continuations, appended to $grow's train split
+        "$PY" build/greedy_corpus.py --target "$TARGET" --out "$OUT/greedy_code${round}_$1" \
+            --sequences $((count / 2)) --domains code --seed "$1" --threads 1 > "$OUT/greedy_code${round}_$1.log" 2>&1
+    }
+    seed=$((419 + 2 * round))
+    half "$seed" & a_pid=$!
+    half $((seed + 1)) & b_pid=$!
+    wait "$a_pid" && wait "$b_pid"
+    cat "$OUT/greedy_code${round}_$seed/code/train.jsonl" "$OUT/greedy_code${round}_$((seed + 1))/code/train.jsonl" \
+        >> "$grow/code/train.jsonl"
+    "$PY" build/train.py --corpora "$grow" --out "$OUT/code_ft$round" "${common[@]}" --threads 2 \
+        --steps "$steps" --lr 3e-4 --mix "$CODE_MIX" --init-from "$final/hf" --eval-every "$steps" \
+        --ckpt-every "$steps" --seed $((793 + round)) > "$OUT/code_ft$round.log" 2>&1
+    final="$OUT/code_ft$round"
+    corpus="$grow"
+done
 
 if [ "$PROPOSAL_VOCAB" -gt 0 ]; then
     "$PY" build/draft_vocab.py --draft "$final/hf" --size "$PROPOSAL_VOCAB" --extra "$corpus"
