@@ -555,18 +555,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def fidelity(cells: dict[tuple[str, str, int], Cell]) -> dict[str, dict[str, int]]:
-    """Greedy outputs of every mode against our plain decoding of the same prompt (concurrency 1)."""
-    plain = {(r.scenario, r.prompt): r.text for (s, m, c), cell in cells.items() if m == PLAIN and c == 1
+    """Greedy outputs of every mode against our plain decoding of the same request at the same concurrency.
+
+    Keyed by mode at concurrency 1 (where the HF peers run too) and ``"<mode> at concurrency <c>"`` above it:
+    a batched speculative request must equal the plain one as much as a single one must.
+    """
+    plain = {(r.scenario, c, r.prompt): r.text for (s, m, c), cell in cells.items() if m == PLAIN
              for r in cell.records if r.error is None}
     out: dict[str, dict[str, int]] = {}
-    for (_, mode, concurrency), cell in cells.items():
-        if mode == PLAIN or concurrency != 1:
+    for (_, mode, concurrency), cell in sorted(cells.items(), key=lambda item: item[0][2]):
+        if mode == PLAIN:
             continue
-        entry = out.setdefault(mode, {"equal": 0, "compared": 0})
+        entry = out.setdefault(mode if concurrency == 1 else f"{mode} at concurrency {concurrency}",
+                               {"equal": 0, "compared": 0})
         for r in cell.records:
-            if (r.scenario, r.prompt) in plain and r.error is None:
+            reference = plain.get((r.scenario, concurrency, r.prompt))
+            if reference is not None and r.error is None:
                 entry["compared"] += 1
-                entry["equal"] += int(r.text.strip() == plain[(r.scenario, r.prompt)].strip())
+                entry["equal"] += int(r.text.strip() == reference.strip())
     return out
 
 

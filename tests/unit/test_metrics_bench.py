@@ -78,3 +78,21 @@ def test_reports_are_written(tmp_path):
     written = bench.plots(results, tmp_path)
     assert [p.name for p in written] == ["speedup.png", "throughput.png"]
     assert all(p.stat().st_size > 10_000 for p in written)
+
+
+def test_fidelity_compares_each_concurrency_with_plain_at_that_concurrency():
+    def texts(mode: str, concurrency: int, outputs: list[str]) -> bench.Cell:
+        c = bench.Cell("code", mode, concurrency)
+        c.records = [bench.Record("code", mode, concurrency, 0, i, 1.0, 0.1, 8, text=t)
+                     for i, t in enumerate(outputs)]
+        return c
+
+    cells = {("code", bench.PLAIN, 1): texts(bench.PLAIN, 1, ["a", "b"]),
+             ("code", bench.SPECULATIVE, 1): texts(bench.SPECULATIVE, 1, ["a", "b "]),
+             ("code", bench.PLAIN, 4): texts(bench.PLAIN, 4, ["a", "b", "a", "b"]),
+             ("code", bench.SPECULATIVE, 4): texts(bench.SPECULATIVE, 4, ["a", "x", "a", "b"]),
+             ("code", bench.SPECULATIVE, 16): texts(bench.SPECULATIVE, 16, ["a"])}  # no plain cell to compare
+    result = bench.fidelity(cells)
+    assert result[bench.SPECULATIVE] == {"equal": 2, "compared": 2}
+    assert result[f"{bench.SPECULATIVE} at concurrency 4"] == {"equal": 3, "compared": 4}
+    assert result[f"{bench.SPECULATIVE} at concurrency 16"] == {"equal": 0, "compared": 0}
