@@ -36,6 +36,11 @@ common=(--layers 1 --hidden 256 --heads 4 --kv-heads 4 --intermediate 704 --seq-
         --warmup 5 --min-lr-frac 0.2 --teacher "$TARGET" --teacher-frac 1 --threads 1 --eval-windows 8
         --no-progress --tokenizer "$TARGET")
 
+generate() {  # generate DOMAIN COUNT SEED NAME [THREADS]: COUNT greedy continuations of DOMAIN in $OUT/NAME
+    "$PY" build/greedy_corpus.py --target "$TARGET" --out "$OUT/$4" --sequences "$2" --domains "$1" --seed "$3" \
+        --threads "${5:-1}" > "$OUT/$4.log" 2>&1
+}
+
 echo "[distill] greedy continuations of $TARGET -> $OUT/greedy (log $OUT/greedy.log)"
 "$PY" build/greedy_corpus.py --target "$TARGET" --out "$OUT/greedy" --sequences "$SEQUENCES" --threads 1 \
     > "$OUT/greedy.log" 2>&1 &
@@ -55,8 +60,7 @@ final="$OUT/greedy_ft"
 corpus="$OUT/greedy"
 if [ "$EXTRA_JSON" -gt 0 ]; then
     echo "[distill] $EXTRA_JSON more JSON continuations, then 60 steps on all of them (log $OUT/json_ft.log)"
-    "$PY" build/greedy_corpus.py --target "$TARGET" --out "$OUT/greedy_json" --sequences "$EXTRA_JSON" \
-        --domains json --seed 123 --threads 2 > "$OUT/greedy_json.log" 2>&1
+    generate json "$EXTRA_JSON" 123 greedy_json 2
     corpus="$OUT/greedy_all"
     rm -rf "$corpus" && cp -r "$OUT/greedy" "$corpus"
     cat "$OUT/greedy_json/json/train.jsonl" >> "$corpus/json/train.jsonl"
@@ -74,8 +78,7 @@ if [ "$EXTRA_CODE" -gt 0 ] || [ "$EXTRA_PROSE" -gt 0 ]; then
     rm -rf "$more" && cp -r "$corpus" "$more"
     extra() {  # extra DOMAIN COUNT SEED: COUNT more continuations of DOMAIN, appended to $more's train split
         [ "$2" -gt 0 ] || return 0
-        "$PY" build/greedy_corpus.py --target "$TARGET" --out "$OUT/greedy_${1}2" --sequences "$2" \
-            --domains "$1" --seed "$3" --threads 1 > "$OUT/greedy_${1}2.log" 2>&1
+        generate "$1" "$2" "$3" "greedy_${1}2"
         cat "$OUT/greedy_${1}2/$1/train.jsonl" >> "$more/$1/train.jsonl"
     }
     extra code "$EXTRA_CODE" 321 & code_pid=$!
@@ -95,17 +98,13 @@ round=0
 for spec in $CODE_ROUNDS; do
     count=${spec%%:*} steps=${spec##*:} round=$((round + 1))
     echo "[distill] code round $round: $count more code continuations, then $steps steps (log $OUT/code_ft$round.log)"
-    grow="$OUT/greedy_code$round"
+    grow="$OUT/greedy_round$round"   # the corpus so far + this round's continuations
     rm -rf "$grow" && cp -r "$corpus" "$grow"
-    half() {  # half SEED: COUNT/2 code continuations, appended to $grow's train split
-        "$PY" build/greedy_corpus.py --target "$TARGET" --out "$OUT/greedy_code${round}_$1" \
-            --sequences $((count / 2)) --domains code --seed "$1" --threads 1 > "$OUT/greedy_code${round}_$1.log" 2>&1
-    }
     seed=$((419 + 2 * round))
-    half "$seed" & a_pid=$!
-    half $((seed + 1)) & b_pid=$!
+    generate code $((count / 2)) "$seed" "round${round}_$seed" & a_pid=$!
+    generate code $((count / 2)) $((seed + 1)) "round${round}_$((seed + 1))" & b_pid=$!
     wait "$a_pid" && wait "$b_pid"
-    cat "$OUT/greedy_code${round}_$seed/code/train.jsonl" "$OUT/greedy_code${round}_$((seed + 1))/code/train.jsonl" \
+    cat "$OUT/round${round}_$seed/code/train.jsonl" "$OUT/round${round}_$((seed + 1))/code/train.jsonl" \
         >> "$grow/code/train.jsonl"
     "$PY" build/train.py --corpora "$grow" --out "$OUT/code_ft$round" "${common[@]}" --threads 2 \
         --steps "$steps" --lr 3e-4 --mix "$CODE_MIX" --init-from "$final/hf" --eval-every "$steps" \
