@@ -1,20 +1,37 @@
-"""Read a Hugging Face Llama-architecture checkpoint (config.json + safetensors) without transformers."""
+"""Read a Hugging Face checkpoint of a supported family (config.json + safetensors) without transformers.
+
+The families and what each changes in the decoder: specdec.families."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from specdec.families import (
+    UnsupportedCheckpoint,
+    check_common,
+    exact_context,
+    family_of,
+    rope_parameters,
+    rope_tables,
+)
+
+__all__ = ["LlamaSpec", "ModelSpec", "UnsupportedCheckpoint", "load_state_dict", "read_proposal_vocab", "read_spec"]
 
 if TYPE_CHECKING:  # torch is imported only by what loads weights: an onnxruntime process runs without it
     import torch
 
 
 @dataclass(frozen=True)
-class LlamaSpec:
-    """The architecture numbers the runtimes need, read from a Hugging Face config.json."""
+class ModelSpec:
+    """The architecture numbers and family traits the runtimes need, read from a Hugging Face config.json.
 
+    What a family changes in the decoder is `specdec.families` (qkv/o/mlp biases, q/k norms, sliding window,
+    rotary parameters); `from_config` raises `UnsupportedCheckpoint` naming the field of anything else."""
+
+    family: str
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -29,20 +46,24 @@ class LlamaSpec:
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
     pad_token_id: int | None
+    rope_parameters: dict[str, Any] = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    sliding_window: int | None = None
 
     @classmethod
-    def from_config(cls, cfg: dict) -> LlamaSpec:
-        archs = cfg.get("architectures") or ["LlamaForCausalLM"]
-        if cfg.get("model_type", "llama") != "llama" and "LlamaForCausalLM" not in archs:
-            raise ValueError(f"only Llama-architecture checkpoints are supported, got {cfg.get('model_type')}")
-        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in ("default", None):
-            raise ValueError(f"rope type {rope_type!r} is not supported by the built-in runtime")
+    def from_config(cls, cfg: dict) -> ModelSpec:
+        family = family_of(cfg)
+        check_common(cfg)
+        traits = family.traits(cfg)
+        rope = rope_parameters(cfg)
         heads = int(cfg["num_attention_heads"])
         eos = cfg.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else ((int(eos),) if eos is not None else ())
+        eos_ids = tuple(int(e) for e in eos) if isinstance(eos, list) else ((int(eos),) if eos is not None else ())
         return cls(
+            family=family.model_type,
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=int(cfg["hidden_size"]),
             num_layers=int(cfg["num_hidden_layers"]),
@@ -51,17 +72,39 @@ class LlamaSpec:
             head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
             intermediate_size=int(cfg["intermediate_size"]),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+            rope_theta=float(rope["rope_theta"]),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             eos_token_ids=eos_ids,
             bos_token_id=cfg.get("bos_token_id"),
             pad_token_id=cfg.get("pad_token_id"),
+            rope_parameters=rope,
+            **asdict(traits),
         )
 
+    @property
+    def context_limit(self) -> int:
+        """The longest context the runtimes serve exactly: max_position_embeddings, or less for rope types whose
+        frequencies switch with the sequence length (specdec.families.exact_context)."""
+        return exact_context(self.rope_parameters, self.max_position_embeddings)
 
-def read_spec(model_dir: str | Path) -> LlamaSpec:
-    return LlamaSpec.from_config(json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8")))
+    def served_length(self, requested: int | None) -> int:
+        """The cache length a runtime allocates for a deployment asking `requested` (None: the model's)."""
+        return min(requested or self.context_limit, self.context_limit)
+
+    def rope_tables(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp32 cos and sin [positions, head_dim] (transformers' rope functions; needs torch)."""
+        return rope_tables(self.family, self.hidden_size, self.num_heads, self.head_dim,
+                           self.max_position_embeddings, self.rope_parameters, positions)
+
+
+LlamaSpec = ModelSpec  # the name before families other than Llama were served
+
+
+def read_spec(model_dir: str | Path) -> ModelSpec:
+    """The spec of a checkpoint folder; raises UnsupportedCheckpoint (a ValueError) naming the config field of
+    anything the runtimes cannot serve."""
+    return ModelSpec.from_config(json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8")))
 
 
 def load_state_dict(model_dir: str | Path) -> dict[str, torch.Tensor]:

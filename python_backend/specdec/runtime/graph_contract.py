@@ -14,7 +14,9 @@ from pathlib import Path
 
 from specdec.checkpoint import PROPOSAL_VOCAB_FILE, read_proposal_vocab, read_spec
 
-GRAPH_VERSION = 1  # bump when inputs, outputs or semantics change: cached exports are then rebuilt
+# Bump when inputs, outputs or semantics change: cached exports are then rebuilt. 2: model families (biases,
+# q/k norms, rotary types from transformers).
+GRAPH_VERSION = 2
 INPUTS = ("input_ids", "position_ids", "attention_mask", "past_keys", "past_values", "logit_rows")
 OUTPUTS = ("logits", "new_keys", "new_values")
 DYNAMIC_AXES = {

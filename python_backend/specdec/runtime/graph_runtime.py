@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from specdec.checkpoint import LlamaSpec
+from specdec.checkpoint import ModelSpec
 from specdec.runtime.base import DecoderRuntime, ForwardItem
 from specdec.runtime.layout import plan_batch, split_for_limits
 
@@ -33,7 +33,7 @@ class SlottedGraphRuntime(DecoderRuntime):
     max_batch: int | None = None  # items per graph call (None: unlimited)
     max_step_tokens: int | None = None  # new tokens per item per graph call (None: unlimited)
 
-    def __init__(self, spec: LlamaSpec, num_slots: int, max_length: int, dtype: Any, device: Any = "cpu") -> None:
+    def __init__(self, spec: ModelSpec, num_slots: int, max_length: int, dtype: Any, device: Any = "cpu") -> None:
         self.spec = spec
         self.vocab_size = spec.vocab_size
         self.num_slots = num_slots
@@ -94,7 +94,7 @@ class SlottedGraphRuntime(DecoderRuntime):
         return [np.concatenate(chunks) for chunks in parts]
 
     def _forward_batch(self, items: list[ForwardItem]) -> list[np.ndarray]:
-        plan = plan_batch(items, self.max_length)
+        plan = plan_batch(items, self.max_length, self.spec.sliding_window)
         past = max(1, int(plan.first_row.max()))
         slots = self._index([item.slot for item in items])
         feeds = {

@@ -9,6 +9,10 @@ its own key layout:
 - `concat_mask(past)`: keys are `past` gathered cache rows followed by the `width` new tokens (exported
   graphs: the past KV comes in as an input, the new KV is concatenated inside).
 
+With a sliding window (Mistral; specdec.families), both masks also hide every key whose RoPE position is
+`sliding_window` or more before the query's, as transformers' sliding_window_overlay does: the window
+follows positions, not cache rows (tree nodes sit at rows past their depth).
+
 `split_for_limits` cuts a batch to a graph's shape limits (TensorRT optimization profiles): batches into
 smaller batches, long causal inputs into consecutive chunks.
 """
@@ -39,6 +43,8 @@ class BatchLayout:
     write_src: np.ndarray  # [R] its index in the flattened [B * W] new tokens
     logit_rows: np.ndarray  # [N] flattened [B * W] indices whose logits are returned, item after item
     logit_counts: np.ndarray  # [B] num_logits of each item
+    context_positions: list[np.ndarray]  # per item: RoPE positions of its rows 0 .. first_row-1
+    sliding_window: int | None = None  # a query sees keys less than this many positions back
 
     @property
     def batch(self) -> int:
@@ -56,7 +62,17 @@ class BatchLayout:
             n, first = int(self.num_tokens[b]), int(self.first_row[b])
             self._context(mask[b, :n], b)
             mask[b, :n, first : first + n] = self.local[b, :n, :n]
+            if self.sliding_window is not None:
+                keys = np.zeros(self.total, dtype=np.int64)
+                keys[:first] = self.context_positions[b]
+                keys[first : first + n] = self.positions[b, :n]
+                self._window(mask[b, :n], b, keys)
         return mask
+
+    def _window(self, rows: np.ndarray, b: int, key_positions: np.ndarray) -> None:
+        """Hide from item b's valid queries the keys `sliding_window` or more positions back."""
+        queries = self.positions[b, : rows.shape[0], None]
+        rows &= key_positions[None, :] > queries - self.sliding_window
 
     def _context(self, rows: np.ndarray, b: int) -> None:
         """Set item b's attention to the rows before its first new token (prefix, then cached tree nodes)."""
@@ -74,6 +90,11 @@ class BatchLayout:
             n = int(self.num_tokens[b])
             self._context(mask[b, :n], b)
             mask[b, :, past_width:] = self.local[b]
+            if self.sliding_window is not None:
+                keys = np.zeros(past_width + self.width, dtype=np.int64)
+                keys[: int(self.first_row[b])] = self.context_positions[b]
+                keys[past_width:] = self.positions[b]
+                self._window(mask[b, :n], b, keys)
             mask[b, n:, past_width] = True  # padding rows attend to the first new token; outputs discarded
         return mask
 
@@ -82,7 +103,7 @@ class BatchLayout:
         return np.split(logits, np.cumsum(self.logit_counts)[:-1])
 
 
-def plan_batch(items: list[ForwardItem], max_length: int) -> BatchLayout:
+def plan_batch(items: list[ForwardItem], max_length: int, sliding_window: int | None = None) -> BatchLayout:
     """Lay out `items` for one padded forward; raises ValueError past the cache length."""
     batch = len(items)
     width = max(item.num_tokens for item in items)
@@ -93,6 +114,7 @@ def plan_batch(items: list[ForwardItem], max_length: int) -> BatchLayout:
     positions = np.zeros((batch, width), dtype=np.int64)
     local = np.zeros((batch, width, width), dtype=bool)
     cached: list[np.ndarray | None] = []
+    context_positions: list[np.ndarray] = []
     write_slot, write_row, write_src, logit_rows = [], [], [], []
     for b, item in enumerate(items):
         n, past, first = item.num_tokens, item.past_length, item.first_row
@@ -105,12 +127,15 @@ def plan_batch(items: list[ForwardItem], max_length: int) -> BatchLayout:
             positions[b, :n] = past + np.arange(n)
             local[b, :n, :n] = np.tril(np.ones((n, n), dtype=bool))
             cached.append(None)
+            context_positions.append(np.arange(past, dtype=np.int64))
         else:
             parents = np.asarray(item.tree_parents)
             m = item.num_cached_nodes
             if len(parents) != m + n:
                 raise ValueError(f"tree_parents lists {len(parents)} nodes, expected {m} cached + {n} new")
-            positions[b, :n] = past + tree_depths(parents)[m:]
+            depths = tree_depths(parents)
+            positions[b, :n] = past + depths[m:]
+            context_positions.append(np.concatenate([np.arange(past), past + depths[:m]]).astype(np.int64))
             ancestors = tree_ancestor_mask(parents)[m:]
             local[b, :n, :n] = ancestors[:, m:]
             cached.append(ancestors[:, :m] if m else None)
@@ -124,7 +149,8 @@ def plan_batch(items: list[ForwardItem], max_length: int) -> BatchLayout:
         first_row=as_i64([it.first_row for it in items]), num_tokens=as_i64([it.num_tokens for it in items]),
         cached=cached, local=local, total=total, write_slot=as_i64(write_slot), write_row=as_i64(write_row),
         write_src=as_i64(write_src), logit_rows=as_i64(logit_rows),
-        logit_counts=as_i64([it.num_logits for it in items]),
+        logit_counts=as_i64([it.num_logits for it in items]), context_positions=context_positions,
+        sliding_window=sliding_window,
     )
 
 

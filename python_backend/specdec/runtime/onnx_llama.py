@@ -105,7 +105,7 @@ class OnnxLlamaRuntime(SlottedGraphRuntime):
         if dtype not in NUMPY_DTYPES:
             raise ValueError(f"the onnxruntime runtime runs {', '.join(NUMPY_DTYPES)} graphs, not {dtype!r}")
         spec = read_spec(model_dir)
-        max_length = min(max_length or spec.max_position_embeddings, spec.max_position_embeddings)
+        max_length = spec.served_length(max_length)
         super().__init__(spec, num_slots, max_length, NUMPY_DTYPES[dtype], "cpu")
         self.onnx_path = Path(onnx_path) if onnx_path else resolve_onnx(model_dir, engine_dir, dtype)
         self.max_batch, self.max_step_tokens = max_batch, max_step_tokens

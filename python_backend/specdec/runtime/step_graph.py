@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from specdec.checkpoint import LlamaSpec, load_state_dict, read_proposal_vocab, read_spec
+from specdec.checkpoint import ModelSpec, load_state_dict, read_proposal_vocab, read_spec
 from specdec.runtime.graph_contract import DYNAMIC_AXES, INPUTS, META_PREFIX, OUTPUTS, graph_metadata
 from specdec.runtime.torch_llama import LlamaWeights, expand_logits, rotate_half
 
@@ -55,10 +55,13 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 
 class LlamaStepGraph(torch.nn.Module):
-    """The decoder step of a Llama checkpoint, written with export-friendly ops (explicit attention with a
-    boolean mask, fp32 norms and softmax), the same math as TorchLlamaRuntime."""
+    """The decoder step of a checkpoint of any supported family, written with export-friendly ops (explicit
+    attention with a boolean mask, fp32 norms and softmax), the same math as TorchLlamaRuntime. The family's
+    traits (specdec.families) decide which biases and norms the graph holds; its rotary tables are constants
+    computed here, at export time (the runtimes that run the graph have no torch); a sliding window is part of
+    the attention mask input (specdec.runtime.layout)."""
 
-    def __init__(self, spec: LlamaSpec, state: dict[str, torch.Tensor], dtype: torch.dtype,
+    def __init__(self, spec: ModelSpec, state: dict[str, torch.Tensor], dtype: torch.dtype,
                  max_positions: int, proposal_ids: list[int] | None = None) -> None:
         super().__init__()
         self.spec = spec
@@ -71,13 +74,10 @@ class LlamaStepGraph(torch.nn.Module):
         self.num_layers = spec.num_layers
         for i, layer in enumerate(w.layers):
             for key, tensor in layer.items():
-                self.register_buffer(f"l{i}_{key}", tensor)
-        s = spec
-        inv_freq = 1.0 / (s.rope_theta ** (torch.arange(0, s.head_dim, 2, dtype=torch.float32) / s.head_dim))
-        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("rope_cos", emb.cos().to(dtype))
-        self.register_buffer("rope_sin", emb.sin().to(dtype))
+                self.register_buffer(f"l{i}_{key}", tensor)  # None (no node) where the family has none
+        cos, sin = spec.rope_tables(max_positions)
+        self.register_buffer("rope_cos", cos.to(dtype))
+        self.register_buffer("rope_sin", sin.to(dtype))
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                 past_keys: torch.Tensor, past_values: torch.Tensor, logit_rows: torch.Tensor):
@@ -94,9 +94,13 @@ class LlamaStepGraph(torch.nn.Module):
         for i in range(self.num_layers):
             layer = lambda key, i=i: getattr(self, f"l{i}_{key}")  # noqa: E731
             x = _rms_norm(hidden, layer("attn_norm"), s.rms_norm_eps)
-            q, k, v = F.linear(x, layer("qkv")).split([q_size, kv_size, kv_size], dim=-1)
-            q = q.reshape(batch, width, s.num_heads, s.head_dim).transpose(1, 2)
-            k = k.reshape(batch, width, s.num_kv_heads, s.head_dim).transpose(1, 2)
+            q, k, v = F.linear(x, layer("qkv"), layer("qkv_bias")).split([q_size, kv_size, kv_size], dim=-1)
+            q = q.reshape(batch, width, s.num_heads, s.head_dim)
+            k = k.reshape(batch, width, s.num_kv_heads, s.head_dim)
+            if s.qk_norm:
+                q = _rms_norm(q, layer("q_norm"), s.rms_norm_eps)
+                k = _rms_norm(k, layer("k_norm"), s.rms_norm_eps)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
             v = v.reshape(batch, width, s.num_kv_heads, s.head_dim).transpose(1, 2)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
@@ -111,10 +115,10 @@ class LlamaStepGraph(torch.nn.Module):
             scores = torch.where(mask, scores, torch.finfo(torch.float32).min)
             probs = _cast(torch.softmax(scores, dim=-1), self.dtype)
             attn = torch.matmul(probs, values).transpose(1, 2).reshape(batch, width, q_size)
-            hidden = hidden + F.linear(attn, layer("o"))
+            hidden = hidden + F.linear(attn, layer("o"), layer("o_bias"))
             x = _rms_norm(hidden, layer("mlp_norm"), s.rms_norm_eps)
-            gate, up = F.linear(x, layer("gate_up")).chunk(2, dim=-1)
-            hidden = hidden + F.linear(F.silu(gate) * up, layer("down"))
+            gate, up = F.linear(x, layer("gate_up"), layer("gate_up_bias")).chunk(2, dim=-1)
+            hidden = hidden + F.linear(F.silu(gate) * up, layer("down"), layer("down_bias"))
         rows = hidden.reshape(batch * width, s.hidden_size).index_select(0, logit_rows)
         logits = _cast(F.linear(_rms_norm(rows, self.final_norm, s.rms_norm_eps), self.lm_head), torch.float32)
         if self.logit_gather is not None:
@@ -122,7 +126,7 @@ class LlamaStepGraph(torch.nn.Module):
         return logits, torch.stack(new_keys), torch.stack(new_values)
 
 
-def example_inputs(spec: LlamaSpec, dtype: torch.dtype, batch: int = 2, width: int = 3,
+def example_inputs(spec: ModelSpec, dtype: torch.dtype, batch: int = 2, width: int = 3,
                    past: int = 5) -> tuple[torch.Tensor, ...]:
     """Inputs of the given sizes (distinct, so the tracer keeps every dynamic axis symbolic)."""
     cache = (spec.num_layers, batch, spec.num_kv_heads, past, spec.head_dim)
@@ -135,14 +139,15 @@ def example_inputs(spec: LlamaSpec, dtype: torch.dtype, batch: int = 2, width: i
 
 def export_decoder(model_dir: str | Path, out_path: str | Path, dtype: str = "float32",
                    max_positions: int | None = None) -> Path:
-    """Export the decoder step of a Hugging Face Llama checkpoint to ONNX (atomically: a reader never sees
-    a half-written file). `max_positions` sizes the RoPE table (default: the checkpoint's context)."""
+    """Export the decoder step of a Hugging Face checkpoint (any supported family) to ONNX (atomically: a
+    reader never sees a half-written file). `max_positions` sizes the RoPE table (default: the context the
+    checkpoint serves exactly, ModelSpec.context_limit)."""
     import onnx
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     spec = read_spec(model_dir)
-    max_positions = max_positions or spec.max_position_embeddings
+    max_positions = spec.served_length(max_positions)
     module = LlamaStepGraph(spec, load_state_dict(model_dir), DTYPES[dtype], max_positions,
                             read_proposal_vocab(model_dir, spec.vocab_size)).eval()
     out_path = Path(out_path)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec.checkpoint import LlamaSpec, read_spec
+from specdec.checkpoint import ModelSpec, read_spec
 from specdec.runtime.graph_contract import INPUTS, OUTPUTS, checkpoint_fingerprint
 from specdec.runtime.graph_runtime import SlottedGraphRuntime
 
@@ -50,7 +50,7 @@ class ProfileRange:
             if not 1 <= low <= opt <= high:
                 raise ValueError(f"profile {self.name}: {label} needs 1 <= min <= opt <= max, got {low, opt, high}")
 
-    def shapes(self, spec: LlamaSpec) -> dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
+    def shapes(self, spec: ModelSpec) -> dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
         """min / opt / max shape of every graph input (the names of specdec.runtime.step_graph.INPUTS)."""
         out: dict[str, list[tuple[int, ...]]] = {name: [] for name in INPUTS}
         for b, w, p in zip(self.batch, self.new_tokens, self.past_length, strict=True):
@@ -175,7 +175,7 @@ class EngineMetadata:
         return min(p.batch[2] for p in ranges), max(p.new_tokens[2] for p in ranges)
 
 
-def spec_dict(spec: LlamaSpec) -> dict[str, Any]:
+def spec_dict(spec: ModelSpec) -> dict[str, Any]:
     """The architecture as it reads back from the metadata JSON."""
     return json.loads(json.dumps(asdict(spec)))
 
@@ -202,7 +202,7 @@ class TensorRTLlamaRuntime(SlottedGraphRuntime):
         engine_dir = Path(os.path.expandvars(str(engine_dir)))
         meta = EngineMetadata.load(engine_dir)  # before touching CUDA: a missing build fails clearly anywhere
         spec = read_spec(model_dir)
-        max_length = min(max_length or meta.max_length, spec.max_position_embeddings)
+        max_length = spec.served_length(max_length or meta.max_length)
         if not torch.cuda.is_available():
             raise RuntimeError("the tensorrt runtime needs a CUDA GPU; torch sees none")
         import tensorrt as trt

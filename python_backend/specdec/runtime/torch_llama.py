@@ -1,6 +1,7 @@
-"""A Llama decoder in plain torch with a static slotted KV cache (gpt-fast style).
+"""A Llama-style decoder in plain torch with a static slotted KV cache (gpt-fast style).
 
-Loads a Hugging Face Llama checkpoint, runs in fp32 on CPU by default (or any torch device/dtype), batches
+Loads a Hugging Face checkpoint of any supported family (specdec.families: biases, q/k norms, sliding
+window and rotary tables come from its spec), runs in fp32 on CPU by default (or any torch device/dtype), batches
 several sequences with different cache lengths into one padded forward, and supports tree attention
 masks. Rollback is free: the engine simply passes a shorter `past_length` next time.
 """
@@ -14,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specdec.checkpoint import LlamaSpec, load_state_dict, read_proposal_vocab, read_spec
+from specdec.checkpoint import ModelSpec, load_state_dict, read_proposal_vocab, read_spec
 from specdec.runtime.base import DecoderRuntime, ForwardItem
 from specdec.runtime.layout import plan_batch
 
@@ -35,34 +36,48 @@ def expand_logits(subset_logits: torch.Tensor, gather: torch.Tensor) -> torch.Te
 
 
 class LlamaWeights:
-    """Checkpoint tensors regrouped for few, large matmuls (fused QKV and gate/up projections)."""
+    """Checkpoint tensors regrouped for few, large matmuls (fused QKV and gate/up projections).
 
-    def __init__(self, spec: LlamaSpec, state: dict[str, torch.Tensor], dtype: torch.dtype, device: str,
+    Per layer: `qkv`, `o`, `gate_up`, `down` weights, their biases `qkv_bias`, `o_bias`, `gate_up_bias`,
+    `down_bias` (None where the family has none), `attn_norm`, `mlp_norm`, and `q_norm` / `k_norm` (per-head
+    RMSNorm weights, None where the family has none)."""
+
+    def __init__(self, spec: ModelSpec, state: dict[str, torch.Tensor], dtype: torch.dtype, device: str,
                  proposal_ids: list[int] | None = None):
         def get(name: str) -> torch.Tensor:
+            if name not in state:
+                raise KeyError(f"the {spec.family} checkpoint has no tensor {name!r} (its config.json promises it)")
             return state[name].to(device=device, dtype=dtype)
 
+        def cat(names: list[str], present: bool) -> torch.Tensor | None:
+            return torch.cat([get(name) for name in names]) if present else None
+
         self.embed = get("model.embed_tokens.weight")
-        self.lm_head = self.embed if spec.tie_word_embeddings or "lm_head.weight" not in state else get(
-            "lm_head.weight"
-        )
+        self.lm_head = self.embed if spec.tie_word_embeddings else get("lm_head.weight")
         # A draft restricted to a proposal vocabulary keeps only those rows of its output layer.
         self.logit_gather: torch.Tensor | None = None
         if proposal_ids is not None:
             self.lm_head = self.lm_head[torch.as_tensor(proposal_ids, device=device)].contiguous()
             self.logit_gather = logit_gather_map(proposal_ids, spec.vocab_size).to(device)
         self.final_norm = get("model.norm.weight")
-        self.layers = []
+        self.layers: list[dict[str, torch.Tensor | None]] = []
         for i in range(spec.num_layers):
             p = f"model.layers.{i}."
+            attn, mlp = p + "self_attn.", p + "mlp."
             self.layers.append(
                 {
                     "attn_norm": get(p + "input_layernorm.weight"),
-                    "qkv": torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"]),
-                    "o": get(p + "self_attn.o_proj.weight"),
+                    "qkv": cat([attn + f"{n}_proj.weight" for n in "qkv"], True),
+                    "qkv_bias": cat([attn + f"{n}_proj.bias" for n in "qkv"], spec.qkv_bias),
+                    "q_norm": get(attn + "q_norm.weight") if spec.qk_norm else None,
+                    "k_norm": get(attn + "k_norm.weight") if spec.qk_norm else None,
+                    "o": get(attn + "o_proj.weight"),
+                    "o_bias": get(attn + "o_proj.bias") if spec.o_bias else None,
                     "mlp_norm": get(p + "post_attention_layernorm.weight"),
-                    "gate_up": torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]),
-                    "down": get(p + "mlp.down_proj.weight"),
+                    "gate_up": cat([mlp + "gate_proj.weight", mlp + "up_proj.weight"], True),
+                    "gate_up_bias": cat([mlp + "gate_proj.bias", mlp + "up_proj.bias"], spec.mlp_bias),
+                    "down": get(mlp + "down_proj.weight"),
+                    "down_bias": get(mlp + "down_proj.bias") if spec.mlp_bias else None,
                 }
             )
 
@@ -94,7 +109,7 @@ class TorchLlamaRuntime(DecoderRuntime):
         self.spec = read_spec(model_dir)
         self.vocab_size = self.spec.vocab_size
         self.num_slots = num_slots
-        self.max_length = min(max_length or self.spec.max_position_embeddings, self.spec.max_position_embeddings)
+        self.max_length = self.spec.served_length(max_length)
         self.dtype = dtype
         self.device = device
         self.weights = LlamaWeights(self.spec, load_state_dict(model_dir), dtype, device,
@@ -103,11 +118,9 @@ class TorchLlamaRuntime(DecoderRuntime):
         cache_shape = (num_slots, s.num_kv_heads, self.max_length, s.head_dim)
         self.k_cache = [torch.zeros(cache_shape, dtype=dtype, device=device) for _ in range(s.num_layers)]
         self.v_cache = [torch.zeros(cache_shape, dtype=dtype, device=device) for _ in range(s.num_layers)]
-        inv_freq = 1.0 / (s.rope_theta ** (torch.arange(0, s.head_dim, 2, dtype=torch.float32) / s.head_dim))
-        freqs = torch.outer(torch.arange(self.max_length, dtype=torch.float32), inv_freq)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.rope_cos = emb.cos().to(device=device, dtype=dtype)
-        self.rope_sin = emb.sin().to(device=device, dtype=dtype)
+        cos, sin = s.rope_tables(self.max_length)
+        self.rope_cos = cos.to(device=device, dtype=dtype)
+        self.rope_sin = sin.to(device=device, dtype=dtype)
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -115,7 +128,7 @@ class TorchLlamaRuntime(DecoderRuntime):
 
     def _layout(self, items: list[ForwardItem]):
         """Padded token ids, RoPE positions, cache rows to write and the attention mask of a batch."""
-        plan = plan_batch(items, self.max_length)
+        plan = plan_batch(items, self.max_length, self.spec.sliding_window)
         as_long = lambda a: torch.as_tensor(a, dtype=torch.long, device=self.device)  # noqa: E731
         return (
             as_long(plan.ids),
@@ -143,9 +156,13 @@ class TorchLlamaRuntime(DecoderRuntime):
         hidden = F.embedding(ids, w.embed)
         for lw, k_cache, v_cache in zip(w.layers, self.k_cache, self.v_cache, strict=True):
             x = rms_norm(hidden, lw["attn_norm"], s.rms_norm_eps)
-            q, k, v = F.linear(x, lw["qkv"]).split([q_size, kv_size, kv_size], dim=-1)
-            q = q.view(batch, width, s.num_heads, s.head_dim).transpose(1, 2)
-            k = k.view(batch, width, s.num_kv_heads, s.head_dim).transpose(1, 2)
+            q, k, v = F.linear(x, lw["qkv"], lw["qkv_bias"]).split([q_size, kv_size, kv_size], dim=-1)
+            q = q.view(batch, width, s.num_heads, s.head_dim)
+            k = k.view(batch, width, s.num_kv_heads, s.head_dim)
+            if s.qk_norm:
+                q = rms_norm(q, lw["q_norm"], s.rms_norm_eps)
+                k = rms_norm(k, lw["k_norm"], s.rms_norm_eps)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
             v = v.view(batch, width, s.num_kv_heads, s.head_dim).transpose(1, 2)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
@@ -161,10 +178,10 @@ class TorchLlamaRuntime(DecoderRuntime):
                 enable_gqa=s.num_heads != s.num_kv_heads,
             )
             attn = attn.transpose(1, 2).reshape(batch, width, q_size)
-            hidden = hidden + F.linear(attn, lw["o"])
+            hidden = hidden + F.linear(attn, lw["o"], lw["o_bias"])
             x = rms_norm(hidden, lw["mlp_norm"], s.rms_norm_eps)
-            gate, up = F.linear(x, lw["gate_up"]).chunk(2, dim=-1)
-            hidden = hidden + F.linear(F.silu(gate) * up, lw["down"])
+            gate, up = F.linear(x, lw["gate_up"], lw["gate_up_bias"]).chunk(2, dim=-1)
+            hidden = hidden + F.linear(F.silu(gate) * up, lw["down"], lw["down_bias"])
         # Logits only where asked: the last num_logits valid positions of each item.
         rows = torch.as_tensor(plan.logit_rows, dtype=torch.long, device=self.device)
         last = rms_norm(hidden.reshape(batch * width, -1)[rows], w.final_norm, s.rms_norm_eps)
