@@ -1,10 +1,12 @@
 """Build TensorRT engines of the decoder models of a deployment (TensorRT Python API).
 
-For every decoder that the deployment runs on `runtime: tensorrt` (or those named by --models): export the
-decoder step of its Hugging Face checkpoint to ONNX at the engine's precision (specdec.runtime.step_graph),
-parse it into a strongly typed TensorRT network, add one optimization profile per shape regime
-(specdec.runtime.tensorrt_llama.compute_profiles: `decode` and `prefill`, over batch, new tokens and cache
-length), build, and write
+For every decoder that the deployment runs on `runtime: tensorrt` (or those named by --models): check that its
+Hugging Face checkpoint is of a supported family (specdec.families: Llama 3.x, Qwen2/2.5, Qwen3, Mistral;
+anything else stops here, naming the config field), export its decoder step to ONNX at the engine's precision
+(specdec.runtime.step_graph; the family's biases, q/k norms and rotary tables are in the graph, a sliding
+window in its attention mask input), parse it into a strongly typed TensorRT network, add one optimization
+profile per shape regime (specdec.runtime.tensorrt_llama.compute_profiles: `decode` and `prefill`, over batch,
+new tokens and cache length), build, and write
 
     <output-dir>/<model>/model.plan     the serialized engine (for this GPU type and TensorRT version)
     <output-dir>/<model>/model.json     its metadata: weights fingerprint, profiles, precision, GPU, versions
@@ -30,7 +32,7 @@ from typing import Any
 
 import yaml
 from render_configs import DECODERS
-from specdec.checkpoint import read_spec
+from specdec.checkpoint import UnsupportedCheckpoint, read_spec
 from specdec.runtime.graph_contract import INPUTS, ONNX_FILE, checkpoint_fingerprint
 from specdec.runtime.onnx_llama import export_is_current
 from specdec.runtime.step_graph import export_decoder
@@ -207,14 +209,19 @@ def main(argv: list[str] | None = None) -> int:
     ) if value is not None}
     models = [m.strip() for m in args.models.split(",") if m.strip()] if args.models else None
     plans = plan_engines(deployment, args.model_repository, args.output_dir, models, overrides)
+    families = {}
     for plan in plans:
         if not (plan.checkpoint / "config.json").is_file():
             raise SystemExit(f"{plan.model}: no checkpoint at {plan.checkpoint}")
+        try:  # before any export or build: an unsupported checkpoint fails here, naming its config field
+            families[plan.model] = read_spec(plan.checkpoint).family
+        except UnsupportedCheckpoint as exc:
+            raise SystemExit(f"{plan.model}: {plan.checkpoint}: {exc}") from exc
     if args.dry_run:
-        print(json.dumps([plan.describe() for plan in plans], indent=2))
+        print(json.dumps([{**plan.describe(), "family": families[plan.model]} for plan in plans], indent=2))
         return 0
     for plan in plans:
-        print(f"[build_engines] {plan.model}: {plan.precision}, profiles "
+        print(f"[build_engines] {plan.model} ({families[plan.model]}): {plan.precision}, profiles "
               + ", ".join(f"{p.name} B{p.batch} W{p.new_tokens} P{p.past_length}" for p in plan.profiles), flush=True)
         meta = build_one(plan, args.timing_cache)
         size_mib = meta.builder["plan_bytes"] / 2**20

@@ -301,3 +301,53 @@ def test_onnx_graph_records_the_family_in_its_metadata(checkpoints, onnx_runtime
     spec = json.loads(read_graph_metadata(onnx_runtimes["qwen3"].onnx_path)["spec"])
     assert spec == json.loads(json.dumps(dataclasses.asdict(read_spec(checkpoints["qwen3"]))))
     assert spec["family"] == "qwen3" and spec["qk_norm"]
+
+
+# ---- TensorRT (build/build_engines.py), where tensorrt and a CUDA GPU are present ----
+
+def test_engine_build_refuses_an_unsupported_checkpoint_before_building(tmp_path, capsys):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "build"))
+    import build_engines
+
+    repo = tmp_path / "repo"
+    for name in ("target_model", "draft_model"):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "config.json").write_text(json.dumps(config_of(hidden_act="relu")))
+    deployment = Path(__file__).resolve().parents[2] / "build" / "deployments" / "gpu.yaml"
+    with pytest.raises(SystemExit, match=r"target_model: .*config.json hidden_act = 'relu'"):
+        build_engines.main(["--deployment", str(deployment), "--model-repository", str(repo), "--output-dir",
+                            str(tmp_path / "engines"), "--dry-run"])
+    assert not (tmp_path / "engines").exists()
+
+
+def tensorrt_missing() -> str | None:
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        return "the `tensorrt` package is not installed"
+    return None if torch.cuda.is_available() else "no CUDA GPU visible to torch"
+
+
+@pytest.mark.skipif(tensorrt_missing() is not None, reason=str(tensorrt_missing()))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tensorrt_engine_matches_torch_and_hugging_face(checkpoints, references, family, tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "build"))
+    import build_engines
+    from specdec.runtime import build_runtime
+    from specdec.runtime.tensorrt_llama import compute_profiles
+
+    plan = build_engines.EnginePlan(
+        model="target_model", role="target", checkpoint=checkpoints[family], output=tmp_path, precision="fp32",
+        num_slots=2, max_length=MAX_LENGTH, profiles=compute_profiles("target", 2, MAX_LENGTH, 4, 2, 3, 32),
+        workspace_gib=1.0, optimization_level=2,
+    )
+    build_engines.build_one(plan)
+    engine = build_runtime("tensorrt", checkpoints[family], num_slots=2, max_length=MAX_LENGTH, device="cuda",
+                           engine_dir=tmp_path)
+    reference = TorchLlamaRuntime(checkpoints[family], num_slots=2, max_length=MAX_LENGTH, device="cuda")
+    tree = ForwardItem(0, len(PROMPT), np.asarray([40, 41, 42, 43, 44]), num_logits=5,
+                       tree_parents=np.array([-1, 0, 0, 2, 3]))
+    for items in ([ForwardItem(0, 0, np.asarray(PROMPT), num_logits=len(PROMPT))], [tree]):
+        diff, agreement = logit_parity(np.concatenate(reference.forward(items)), np.concatenate(engine.forward(items)))
+        assert diff < 1e-2 and agreement == 1.0, (family, diff, agreement)
+    assert greedy(engine, PROMPT, NEW_TOKENS, slot=1) == references[family]
