@@ -104,6 +104,9 @@ def speculative_config(dep: dict) -> mc.ModelConfig:
         max_draft_tokens=limits["max_draft_tokens"],
         max_candidates=limits["max_candidates"],
         profiles_file=dep["speculation"]["profiles_file"],
+        # request_defaults (optional): what a request that leaves a field out gets (docs/OPENAI.md).
+        default_exclude_input_in_output=str(bool(
+            (dep.get("request_defaults") or {}).get("exclude_input_in_output", False))).lower(),
     )
     admission = dep["admission"]
     _queue_policy(cfg, admission)

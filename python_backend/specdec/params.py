@@ -27,6 +27,9 @@ class ServerLimits:
     max_tokens_limit: int = 1024
     max_draft_tokens: int = 16
     max_candidates: int = 8
+    # The deployment's default when a request leaves exclude_input_in_output out (TensorRT-LLM's default is to
+    # echo the prompt in a non-streamed answer; Triton's OpenAI frontend never sends it for chat requests).
+    exclude_input_in_output: bool = False
 
 
 @dataclass
@@ -45,6 +48,9 @@ class RequestOptions:
     verify_threshold: float | None = None
     drafter: str | None = None
     sampling: SamplingParams = SamplingParams()
+    # return_num_output_tokens (Triton's OpenAI frontend): num_output_tokens counts each response's tokens
+    # instead of the running total.
+    output_tokens_per_response: bool = False
 
 
 def _scalar(inputs: Mapping[str, np.ndarray], name: str) -> object | None:
@@ -127,7 +133,7 @@ def parse_request(inputs: Mapping[str, np.ndarray], limits: ServerLimits) -> Req
         stream=_bool(inputs, "stream", False),
         end_id=_int(inputs, "end_id", -1, 1 << 31, None),
         min_length=_int(inputs, "min_length", 0, limits.max_tokens_limit, 0) or 0,
-        exclude_input_in_output=_bool(inputs, "exclude_input_in_output", False),
+        exclude_input_in_output=_bool(inputs, "exclude_input_in_output", limits.exclude_input_in_output),
         task=_choice(inputs, "task", REQUEST_TASKS, "auto") or "auto",
         num_draft_tokens=_int(inputs, "num_draft_tokens", 0, limits.max_draft_tokens, None),
         num_candidates=_int(inputs, "num_candidates", 1, limits.max_candidates, None),
@@ -135,6 +141,7 @@ def parse_request(inputs: Mapping[str, np.ndarray], limits: ServerLimits) -> Req
         verify_threshold=verify_threshold,
         drafter=_choice(inputs, "drafter", DRAFTERS, None),
         sampling=parse_sampling(inputs),
+        output_tokens_per_response=_bool(inputs, "return_num_output_tokens", False),
     )
 
 

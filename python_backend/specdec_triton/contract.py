@@ -51,6 +51,10 @@ PUBLIC_INPUTS = (
     TensorSpec("verify_threshold", "FP32", optional=True),
     TensorSpec("task", "STRING", optional=True),
     TensorSpec("drafter", "STRING", optional=True),
+    # Sent by Triton's OpenAI frontend on every request: with return_num_output_tokens, num_output_tokens counts
+    # the tokens of each response (the frontend sums a stream's), as Triton's vLLM backend does.
+    TensorSpec("return_num_input_tokens", "BOOL", optional=True),
+    TensorSpec("return_num_output_tokens", "BOOL", optional=True),
 )
 STATS_OUTPUTS = (
     TensorSpec("acceptance_rate", "FP32"),
@@ -58,8 +62,14 @@ STATS_OUTPUTS = (
     TensorSpec("total_draft_tokens", "INT32"),
     TensorSpec("num_output_tokens", "INT32"),
     TensorSpec("fallback_active", "BOOL"),
+    TensorSpec("num_input_tokens", "INT32"),
 )
-PUBLIC_OUTPUTS = (TensorSpec("text_output", "STRING"), *STATS_OUTPUTS)
+# text_output as TensorRT-LLM's postprocessing returns it: flattened over batch x beam, shape [1] for one prompt
+# (its end_to_end_grpc_client.py reads `as_numpy("text_output")[0].decode()`). batch_index and sequence_index are
+# always 0 here (one prompt per request, num_return_sequences 1) and are declared because its clients ask for them.
+TEXT_OUTPUT = TensorSpec("text_output", "STRING", (-1,))
+INDEX_OUTPUTS = (TensorSpec("batch_index", "INT32"), TensorSpec("sequence_index", "INT32"))
+PUBLIC_OUTPUTS = (TEXT_OUTPUT, *STATS_OUTPUTS, *INDEX_OUTPUTS)
 
 # ---- preprocessing ----
 PREPROCESSING_INPUTS = (PUBLIC_INPUTS[0],)

@@ -21,7 +21,7 @@ from specdec.fallback import FallbackMonitor
 from specdec.generation import GenerationRequest, GenerationStats, SpeculativeGenerator
 from specdec.liveness import AbandonedGenerations, StopCheck, generation_deadline_s
 from specdec.metrics import ACTIVE_REQUESTS, UNKNOWN_TASK, GenerationMetrics, ProcessMetrics, RequestTimer
-from specdec.params import ServerLimits, parse_request
+from specdec.params import RequestOptions, ServerLimits, parse_request
 from specdec.tokenizer import TextTokenizer
 from specdec_triton.bls import BlsModelBackend
 from specdec_triton.contract import GENERATION_INPUTS
@@ -40,21 +40,33 @@ from specdec_triton.tensors import (
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
-def stats_tensors(stats: GenerationStats) -> list[Any]:
+def stats_tensors(stats: GenerationStats, num_input_tokens: int, num_output_tokens: int) -> list[Any]:
     return [
         value_tensor("acceptance_rate", stats.acceptance_rate, np.float32),
         value_tensor("total_accepted_draft_tokens", stats.accepted_draft_tokens, np.int32),
         value_tensor("total_draft_tokens", stats.draft_tokens, np.int32),
-        value_tensor("num_output_tokens", stats.output_tokens, np.int32),
+        value_tensor("num_output_tokens", num_output_tokens, np.int32),
         # Plain decoding instead of speculation: by the acceptance monitor, or because draft_model failed.
         value_tensor("fallback_active", stats.fallback_active or stats.draft_failures > 0, np.bool_),
+        value_tensor("num_input_tokens", num_input_tokens, np.int32),
     ]
 
 
-def chunk_response(prefix: list[int], chunk: list[int], stats: GenerationStats, generation_id: int) -> Any:
-    return pb_utils.InferenceResponse([ids_tensor("output_ids", chunk), ids_tensor("prefix_ids", prefix),
-                                       *stats_tensors(stats),
-                                       pb_utils.Tensor("generation_id", np.array([[generation_id]], np.uint64))])
+class Responder:
+    """Builds a generation's responses: token chunks plus statistics."""
+
+    def __init__(self, stats: GenerationStats, num_input_tokens: int, per_response: bool, generation_id: int):
+        self.stats, self.num_input_tokens, self.per_response = stats, num_input_tokens, per_response
+        self.generation_id = generation_id
+
+    def response(self, prefix: list[int], chunk: list[int], new_tokens: int) -> Any:
+        """`new_tokens`: generated tokens this response adds (num_output_tokens with return_num_output_tokens)."""
+        count = new_tokens if self.per_response else self.stats.output_tokens
+        return pb_utils.InferenceResponse([
+            ids_tensor("output_ids", chunk), ids_tensor("prefix_ids", prefix),
+            *stats_tensors(self.stats, self.num_input_tokens, count),
+            pb_utils.Tensor("generation_id", np.array([[self.generation_id]], np.uint64)),
+        ])
 
 
 class TritonPythonModel:
@@ -65,6 +77,7 @@ class TritonPythonModel:
             max_tokens_limit=int(params["max_tokens_limit"]),
             max_draft_tokens=int(params["max_draft_tokens"]),
             max_candidates=int(params["max_candidates"]),
+            exclude_input_in_output=params.get("default_exclude_input_in_output", "false").lower() == "true",
         )
         self.speculation = SpeculationConfig.load(model_dir(args) / params["profiles_file"])
         # Shared by this instance's requests: fallback state per task, and the measured call costs.
@@ -111,8 +124,7 @@ class TritonPythonModel:
             async with self.admission.slot(sender.is_cancelled):
                 self.metrics.begin_generation()
                 try:
-                    reason = await self._generate(sender, generation, options.stream,
-                                                  options.exclude_input_in_output, timer, deadline_s)
+                    reason = await self._generate(sender, generation, options, timer, deadline_s)
                 finally:
                     self.metrics.end_generation()
             self.metrics.finish(timer, reason or "cancelled")
@@ -125,7 +137,7 @@ class TritonPythonModel:
                 pb_utils.Logger.log_error(f"speculative_decoding: {type(exc).__name__}: {exc}")
             sender.send(error_response(exc), flags=FINAL)
 
-    async def _generate(self, sender: Any, generation: GenerationRequest, stream: bool, exclude_input: bool,
+    async def _generate(self, sender: Any, generation: GenerationRequest, options: RequestOptions,
                         timer: RequestTimer, deadline_s: float | None) -> str | None:
         """Run the generator and send its responses; returns the finish reason."""
         stats = timer.stats = GenerationStats()
@@ -133,7 +145,8 @@ class TritonPythonModel:
         sequence_id = secrets.randbits(63) or 1
         stop = StopCheck(sender.is_cancelled, self.abandoned, sequence_id, deadline_s)
         try:
-            reason = await self._stream(sender, generation, stream, exclude_input, timer, sequence_id, stop)
+            responder = Responder(stats, len(generation.prompt_ids), options.output_tokens_per_response, sequence_id)
+            reason = await self._stream(sender, generation, options, timer, responder, stop)
         finally:
             if stop.reason is not None:  # the generator has ENDed its sequences: the KV slots are free
                 self.abandoned.clear(sequence_id)
@@ -145,13 +158,12 @@ class TritonPythonModel:
                                         f"{stats.output_tokens} tokens")
         return reason
 
-    async def _stream(self, sender: Any, generation: GenerationRequest, stream: bool, exclude_input: bool,
-                      timer: RequestTimer, sequence_id: int, stop: StopCheck) -> str | None:
-        stats = timer.stats
+    async def _stream(self, sender: Any, generation: GenerationRequest, options: RequestOptions,
+                      timer: RequestTimer, responder: Responder, stop: StopCheck) -> str | None:
         reason = None
-        detokenizer = IncrementalDetokenizer(self.tokenizer.decode) if stream else None
+        detokenizer = IncrementalDetokenizer(self.tokenizer.decode) if options.stream else None
         output: list[int] = []
-        async for update in self.generator.generate(generation, sequence_id, stats, stop):
+        async for update in self.generator.generate(generation, responder.generation_id, responder.stats, stop):
             if stop.reason == "deadline":
                 continue  # the last update; the caller answers with an error instead
             timer.tokens(len(update.token_ids))
@@ -164,12 +176,12 @@ class TritonPythonModel:
                 piece = detokenizer.flush()
             if update.finished:
                 prefix, chunk = piece or ([], [])
-                sender.send(chunk_response(prefix, chunk, stats, sequence_id), flags=FINAL)
+                sender.send(responder.response(prefix, chunk, len(chunk)), flags=FINAL)
             elif piece is not None:
-                sender.send(chunk_response(*piece, stats, sequence_id))
+                sender.send(responder.response(*piece, len(piece[1])))
         if detokenizer is None and stop.reason != "deadline":
-            ids = output if exclude_input else generation.prompt_ids + output
-            sender.send(chunk_response([], ids, stats, sequence_id), flags=FINAL)
+            ids = output if options.exclude_input_in_output else generation.prompt_ids + output
+            sender.send(responder.response([], ids, len(output)), flags=FINAL)
         return reason
 
     def finalize(self) -> None:
