@@ -93,9 +93,8 @@ class ModelSpec:
         return min(requested or self.context_limit, self.context_limit)
 
     def rope_tables(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """fp32 cos and sin [positions, head_dim] (transformers' rope functions; needs torch)."""
-        return rope_tables(self.family, self.hidden_size, self.num_heads, self.head_dim,
-                           self.max_position_embeddings, self.rope_parameters, positions)
+        """fp32 cos and sin [positions, head_dim] (specdec.families.rope_tables; needs torch)."""
+        return rope_tables(self.head_dim, self.max_position_embeddings, self.rope_parameters, positions)
 
 
 LlamaSpec = ModelSpec  # the name before families other than Llama were served

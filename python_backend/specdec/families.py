@@ -12,17 +12,23 @@ name:
 | qwen3                          | per-head RMSNorm on q and k; `head_dim` apart from hidden / heads; `attention_bias` |
 | mistral                        | `sliding_window` attention on every layer (null: full attention) |
 
-Rotary tables come from transformers' own rope functions (`rope_tables`), computed once per process
-(torch runtime) or at export time (ONNX / TensorRT graphs hold them as constants). Anything outside this
+Rotary tables (`rope_tables`) are computed once per process (torch runtime) or at export time (the ONNX /
+TensorRT graphs hold them as constants). They follow transformers 5's rope functions
+(transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS), ported here because the model processes cannot
+import transformers: the Python backend's stub links the system libpython, against which the venv's `ssl`
+extension (imported by transformers through huggingface_hub) fails to load (`undefined symbol:
+_PyModule_Add`). tests/unit/test_model_families.py checks every rope type against transformers' own rotary
+module. Anything outside this
 table raises `UnsupportedCheckpoint` naming the config.json field and its value, when the spec is read
 (import, export, engine build, model load: before the server serves).
 
-This module imports neither torch nor transformers at import time: an onnxruntime serving process reads
-specs without them.
+This module imports neither torch nor transformers: an onnxruntime serving process reads specs without them;
+`rope_tables` imports torch when called.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -71,6 +77,8 @@ ROPE_TYPES: dict[str, str | None] = {
     "llama3": None,
     "longrope": "original_max_position_embeddings",
 }
+ROPE_REQUIRED = {"linear": ("factor",), "dynamic": ("factor",), "llama3": ("factor", "low_freq_factor",
+                 "high_freq_factor"), "longrope": ("short_factor", "long_factor")}
 SUPPORTED_ACTIVATIONS = ("silu",)
 
 
@@ -160,6 +168,9 @@ def rope_parameters(cfg: dict) -> dict[str, Any]:
     if params["rope_type"] not in ROPE_TYPES:
         raise UnsupportedCheckpoint(f"{field}.rope_type", params["rope_type"],
                                     f"supported rope types: {', '.join(ROPE_TYPES)}")
+    for key in ROPE_REQUIRED.get(params["rope_type"], ()):
+        if params.get(key) is None:
+            raise UnsupportedCheckpoint(f"{field}.{key}", None, f"rope_type {params['rope_type']} needs it")
     params.setdefault("rope_theta", float(cfg.get("rope_theta", 10000.0)))
     partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
     if partial not in (None, 1, 1.0):
@@ -190,22 +201,99 @@ def check_common(cfg: dict) -> None:
         raise UnsupportedCheckpoint("num_key_value_heads", kv_heads, f"must divide num_attention_heads ({heads})")
 
 
-def rope_tables(family: str, hidden_size: int, num_heads: int, head_dim: int, max_position_embeddings: int,
-                params: dict[str, Any], positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 cos and sin [positions, head_dim] of transformers' rotary embedding for these parameters (its
-    ROPE_INIT_FUNCTIONS, attention scaling included), as its rotary module computes them per position."""
+def _base_inv_freq(base: float, dim: int) -> torch.Tensor:
     import torch
-    from transformers import AutoConfig
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-    config = AutoConfig.for_model(family, hidden_size=hidden_size, num_attention_heads=num_heads,
-                                  head_dim=head_dim, max_position_embeddings=max_position_embeddings,
-                                  rope_parameters=dict(params))
-    rope_type = config.rope_parameters["rope_type"]
-    init = ROPE_INIT_FUNCTIONS[rope_type] if rope_type != "default" else (
-        LlamaRotaryEmbedding.compute_default_rope_parameters)
-    inv_freq, attention_scaling = init(config)
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(dtype=torch.float) / dim))
+
+
+def _yarn(params: dict[str, Any], dim: int, max_position_embeddings: int) -> tuple[torch.Tensor, float]:
+    import torch
+
+    base, factor = params["rope_theta"], params.get("factor")
+    original = params["original_max_position_embeddings"]
+    factor = factor if factor is not None else max_position_embeddings / original
+    mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
+
+    def get_mscale(scale: float, m: float = 1) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = (float(get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim))
+                            if mscale and mscale_all_dim else get_mscale(factor))
+    beta_fast, beta_slow = params.get("beta_fast") or 32, params.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # as transformers: no singularity
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).to(dtype=torch.float) / dim)
+    extrapolation = 1 - ramp
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return inv_freq, attention_factor
+
+
+def _longrope(params: dict[str, Any], dim: int, max_position_embeddings: int) -> tuple[torch.Tensor, float]:
+    """The short factors: the static table serves positions up to original_max_position_embeddings, where
+    transformers switches to the long ones for the whole sequence (exact_context)."""
+    import torch
+
+    original = params["original_max_position_embeddings"]
+    factor = params.get("factor") or max_position_embeddings / original
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    short = torch.tensor(params["short_factor"], dtype=torch.float32)
+    shape = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    return 1.0 / (short * params["rope_theta"] ** shape), attention_factor
+
+
+def _llama3(params: dict[str, Any], dim: int, max_position_embeddings: int) -> tuple[torch.Tensor, float]:
+    import torch
+
+    inv_freq = _base_inv_freq(params["rope_theta"], dim)
+    factor, low_factor, high_factor = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
+    old_context = params["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_context / low_factor, old_context / high_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context / wavelen - low_factor) / (high_factor - low_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(is_medium, smoothed, scaled), 1.0
+
+
+def _dynamic(params: dict[str, Any], dim: int, max_position_embeddings: int) -> tuple[torch.Tensor, float]:
+    """Dynamic NTK keeps the base up to max_position_embeddings (all the runtimes serve): its base multiplier
+    `(factor * seq_len / max_position_embeddings - (factor - 1)) ** (dim / (dim - 2))` is 1 there."""
+    return _base_inv_freq(params["rope_theta"], dim), 1.0
+
+
+ROPE_FUNCTIONS: dict[str, Callable[[dict[str, Any], int, int], tuple[torch.Tensor, float]]] = {
+    "default": lambda params, dim, _: (_base_inv_freq(params["rope_theta"], dim), 1.0),
+    "linear": lambda params, dim, _: (_base_inv_freq(params["rope_theta"], dim) / params["factor"], 1.0),
+    "dynamic": _dynamic,
+    "yarn": _yarn,
+    "longrope": _longrope,
+    "llama3": _llama3,
+}
+assert set(ROPE_FUNCTIONS) == set(ROPE_TYPES)
+
+
+def rope_tables(head_dim: int, max_position_embeddings: int, params: dict[str, Any],
+                positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 cos and sin [positions, head_dim] of the rotary embedding, as transformers' rotary modules compute
+    them per position (its inverse frequencies, attention scaling applied to cos and sin)."""
+    import torch
+
+    inv_freq, attention_scaling = ROPE_FUNCTIONS[params["rope_type"]](params, head_dim, max_position_embeddings)
     freqs = torch.arange(positions, dtype=torch.float32)[:, None] * inv_freq.float()[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos() * attention_scaling, emb.sin() * attention_scaling

@@ -108,6 +108,7 @@ def config_of(**changes) -> dict:
     ({"hidden_act": "gelu_pytorch_tanh"}, "hidden_act", "gelu_pytorch_tanh"),
     ({"rope_parameters": {"rope_type": "mrope", "rope_theta": 1e4}}, "rope_parameters.rope_type", "mrope"),
     ({"rope_scaling": {"type": "su"}}, "rope_scaling.rope_type", "su"),
+    ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0}}, "rope_parameters.low_freq_factor", None),
     ({"partial_rotary_factor": 0.5}, "partial_rotary_factor", 0.5),
     ({"num_key_value_heads": 3, "num_attention_heads": 4}, "num_key_value_heads", 3),
     ({"model_type": "qwen2", "use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1},
@@ -144,7 +145,7 @@ def test_the_onnx_export_refuses_an_unsupported_checkpoint_before_exporting(tmp_
     assert not (tmp_path / "decoder.onnx").exists()
 
 
-# ---- rotary tables ----
+# ---- rotary tables (specdec.families' port of transformers' rope functions) ----
 
 ROPE_CASES = {
     "default": {"rope_type": "default"},
@@ -159,7 +160,9 @@ ROPE_CASES = {
 
 @pytest.mark.parametrize("rope_type", list(ROPE_CASES))
 def test_rope_tables_equal_transformers_rotary_embedding(rope_type):
+    from specdec.families import ROPE_FUNCTIONS
     from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     params = {"rope_theta": 10000.0, **ROPE_CASES[rope_type]}
@@ -171,6 +174,11 @@ def test_rope_tables_equal_transformers_rotary_embedding(rope_type):
     assert positions == (64 if rope_type == "longrope" else 256)
     cos, sin = spec.rope_tables(positions)
     rotary = LlamaRotaryEmbedding(config)
+    # The port's inverse frequencies and attention scaling are transformers' own, bit for bit.
+    hf_init = ROPE_INIT_FUNCTIONS.get(rope_type, LlamaRotaryEmbedding.compute_default_rope_parameters)
+    hf_inv_freq, hf_scaling = hf_init(config)
+    inv_freq, scaling = ROPE_FUNCTIONS[rope_type](spec.rope_parameters, spec.head_dim, spec.max_position_embeddings)
+    assert torch.equal(inv_freq, hf_inv_freq) and scaling == hf_scaling
     expected_cos, expected_sin = rotary(torch.zeros(1, dtype=torch.float32), torch.arange(positions)[None])
     torch.testing.assert_close(cos, expected_cos[0], atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(sin, expected_sin[0], atol=1e-6, rtol=1e-6)
