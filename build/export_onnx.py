@@ -1,4 +1,7 @@
-"""Export the decoder step of Hugging Face Llama checkpoints to ONNX (specdec.runtime.step_graph), and check it.
+"""Export the decoder step of Hugging Face checkpoints to ONNX (specdec.runtime.step_graph), and check it.
+
+Any supported family (specdec.families: Llama 3.x, Qwen2/2.5, Qwen3, Mistral); a checkpoint of another one
+stops the export with exit code 2 and the config.json field and value that are not supported.
 
 By default both decoders of the model repository, into `<model>/1/onnx/decoder.onnx`: where the onnxruntime
 runtime looks first (it exports there itself on first load when the file is missing or stale, so this is
@@ -17,6 +20,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from specdec.checkpoint import UnsupportedCheckpoint, read_spec
 from specdec.runtime.graph_contract import ONNX_FILE
 from specdec.runtime.onnx_llama import export_is_current
 from specdec.runtime.step_graph import DTYPES, export_decoder
@@ -61,14 +65,21 @@ def main(argv: list[str] | None = None) -> int:
         names = [name.strip() for name in args.models.split(",") if name.strip()]
         jobs = [(args.model_repository / name / "1", args.model_repository / name / "1" / "onnx" / ONNX_FILE)
                 for name in names]
+    families = {}
+    for model_dir, _ in jobs:  # all of them before anything is written
+        try:
+            families[model_dir] = read_spec(model_dir).family
+        except UnsupportedCheckpoint as exc:
+            print(f"error: {model_dir}: {exc}", file=sys.stderr)
+            return 2
     for model_dir, out in jobs:
         if not args.force and export_is_current(out, model_dir, args.dtype):
             print(f"{out}: current, kept")
         else:
             started = time.perf_counter()
             export_decoder(model_dir, out, dtype=args.dtype)
-            print(f"{out}: exported from {model_dir} ({args.dtype}, {out.stat().st_size / 2**20:.1f} MiB, "
-                  f"{time.perf_counter() - started:.1f} s)")
+            print(f"{out}: exported from {model_dir} ({families[model_dir]}, {args.dtype}, "
+                  f"{out.stat().st_size / 2**20:.1f} MiB, {time.perf_counter() - started:.1f} s)")
         if args.check:
             if args.dtype != "float32":
                 parser.error("--check compares float32 exports")

@@ -359,3 +359,19 @@ def test_tensorrt_engine_matches_torch_and_hugging_face(checkpoints, references,
         diff, agreement = logit_parity(np.concatenate(reference.forward(items)), np.concatenate(engine.forward(items)))
         assert diff < 1e-2 and agreement == 1.0, (family, diff, agreement)
     assert greedy(engine, PROMPT, NEW_TOKENS, slot=1) == references[family]
+
+
+def test_export_script_names_the_unsupported_field_and_writes_nothing(tmp_path, capsys):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "build"))
+    import export_onnx
+
+    bad = tmp_path / "gemma"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps(config_of(model_type="gemma2")))
+    assert export_onnx.main(["--checkpoint", str(bad), "--out", str(tmp_path / "out.onnx")]) == 2
+    assert "config.json model_type = 'gemma2'" in capsys.readouterr().err
+    assert not (tmp_path / "out.onnx").exists()
+    qwen3 = make_family_checkpoint(tmp_path / "qwen3", "qwen3", num_layers=1, seed=3, tokenizer=True)
+    assert export_onnx.main(["--checkpoint", str(qwen3), "--out", str(tmp_path / "q.onnx"), "--check"]) == 0
+    printed = capsys.readouterr().out
+    assert "(qwen3, float32" in printed and "argmax agreement 1.000" in printed
