@@ -18,7 +18,8 @@ from specdec.families import (
     rope_tables,
 )
 
-__all__ = ["LlamaSpec", "ModelSpec", "UnsupportedCheckpoint", "load_state_dict", "read_proposal_vocab", "read_spec"]
+__all__ = ["LlamaSpec", "ModelSpec", "UnsupportedCheckpoint", "load_state_dict", "read_end_ids", "read_proposal_vocab",
+           "read_spec"]
 
 if TYPE_CHECKING:  # torch is imported only by what loads weights: an onnxruntime process runs without it
     import torch
@@ -60,8 +61,6 @@ class ModelSpec:
         traits = family.traits(cfg)
         rope = rope_parameters(cfg)
         heads = int(cfg["num_attention_heads"])
-        eos = cfg.get("eos_token_id")
-        eos_ids = tuple(int(e) for e in eos) if isinstance(eos, list) else ((int(eos),) if eos is not None else ())
         return cls(
             family=family.model_type,
             vocab_size=int(cfg["vocab_size"]),
@@ -75,7 +74,7 @@ class ModelSpec:
             rope_theta=float(rope["rope_theta"]),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            eos_token_ids=eos_ids,
+            eos_token_ids=_token_ids(cfg.get("eos_token_id")),
             bos_token_id=cfg.get("bos_token_id"),
             pad_token_id=cfg.get("pad_token_id"),
             rope_parameters=rope,
@@ -104,6 +103,26 @@ def read_spec(model_dir: str | Path) -> ModelSpec:
     """The spec of a checkpoint folder; raises UnsupportedCheckpoint (a ValueError) naming the config field of
     anything the runtimes cannot serve."""
     return ModelSpec.from_config(json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8")))
+
+
+def _token_ids(value: int | list[int] | None) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(int(v) for v in value) if isinstance(value, list) else (int(value),)
+
+
+def read_end_ids(model_dir: str | Path) -> frozenset[int]:
+    """The ids that end a generation, as Hugging Face `generate` takes them: generation_config.json's
+    `eos_token_id` when it has one (Llama 3.x and Qwen2.5 instruct models list several there, e.g.
+    <|eot_id|> beside <|end_of_text|>), else config.json's."""
+    folder = Path(model_dir)
+    for name in ("generation_config.json", "config.json"):
+        path = folder / name
+        if path.is_file():
+            ids = _token_ids(json.loads(path.read_text(encoding="utf-8")).get("eos_token_id"))
+            if ids:
+                return frozenset(ids)
+    return frozenset()
 
 
 def load_state_dict(model_dir: str | Path) -> dict[str, torch.Tensor]:

@@ -96,6 +96,19 @@ def test_specs_read_each_familys_traits(checkpoints):
     assert all(spec.sliding_window is None for spec in (llama, qwen2, qwen3))
 
 
+def test_end_ids_are_the_ones_hugging_face_generate_stops_at(tmp_path):
+    from specdec.checkpoint import read_end_ids
+    from specdec.tokenizer import TextTokenizer
+
+    path = make_family_checkpoint(tmp_path / "llama3", "llama3", num_layers=1, seed=4, tokenizer=True)
+    assert read_end_ids(path) == TextTokenizer(path).end_ids == {1, EXTRA_EOS}  # saved to generation_config
+    generation = json.loads((path / "generation_config.json").read_text())
+    (path / "generation_config.json").write_text(json.dumps({**generation, "eos_token_id": [1, 5, 9]}))
+    assert TextTokenizer(path).end_ids == {1, 5, 9}  # instruct models list more ids there than in config.json
+    (path / "generation_config.json").unlink()
+    assert read_end_ids(path) == {1, EXTRA_EOS}
+
+
 def config_of(**changes) -> dict:
     base = {"model_type": "llama", "vocab_size": 32, "hidden_size": 16, "num_hidden_layers": 2,
             "num_attention_heads": 2, "intermediate_size": 32}
