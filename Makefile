@@ -5,7 +5,9 @@ PY := $(VENV)/bin/python
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
-export HTTP_PORT GRPC_PORT METRICS_PORT
+# The OpenAI-compatible endpoint that `make serve` starts beside tritonserver (0: none; docs/OPENAI.md).
+OPENAI_PORT ?= 9000
+export HTTP_PORT GRPC_PORT METRICS_PORT OPENAI_PORT
 
 .PHONY: setup onnx-exports serve test test-unit test-integration lint configs check-configs
 .PHONY: bench perf-analyzer genai-perf genai-perf-env check-dashboard

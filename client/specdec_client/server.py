@@ -252,6 +252,60 @@ class TritonServer:
         self.stop()
 
 
+@dataclass
+class OpenAIEndpoint:
+    """The OpenAI-compatible endpoint (specdec_client.openai_api) in a process of its own, usable as a context
+    manager; it talks to tritonserver at `triton_url` over gRPC."""
+
+    triton_url: str
+    port: int = 9000
+    host: str = "127.0.0.1"
+    extra_args: list[str] = field(default_factory=list)
+    log_file: Path | None = None
+    process: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def start(self, timeout_s: float = 60.0) -> OpenAIEndpoint:
+        stdout = open(self.log_file, "ab") if self.log_file else None  # noqa: SIM115 - kept for the run
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "specdec_client.openai_api", "--triton-url", self.triton_url, "--host", self.host,
+             "--port", str(self.port), *self.extra_args],
+            env=server_environment(), stdout=stdout, stderr=subprocess.STDOUT if stdout else None,
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the OpenAI endpoint exited with code {self.process.returncode}")
+            try:
+                with urllib.request.urlopen(f"{self.base_url}/models", timeout=2) as resp:
+                    if resp.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.2)
+        self.stop()
+        raise TimeoutError(f"the OpenAI endpoint did not answer within {timeout_s:.0f} s")
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        proc, self.process = self.process, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def __enter__(self) -> OpenAIEndpoint:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Serve the specdec-triton model repository on loopback.")
     parser.add_argument("--model-repository", type=Path, default=DEFAULT_MODEL_REPOSITORY)
@@ -259,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
     parser.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
     parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
+    parser.add_argument("--openai-port", type=int, default=int(os.environ.get("OPENAI_PORT", 9000)),
+                        help="port of the OpenAI-compatible endpoint (0: do not start it)")
     parser.add_argument("--log-verbose", type=int, default=0)
     args = parser.parse_args(argv)
     server = TritonServer(
@@ -280,8 +336,11 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     started = time.monotonic()
+    openai = OpenAIEndpoint(server.grpc_url, args.openai_port, args.host) if args.openai_port else None
     try:
         server.start()
+        if openai is not None:
+            openai.start()
         print(
             f"\nspecdec-triton READY in {time.monotonic() - started:.1f} s  "
             f"(HTTP {server.http_url}, gRPC {server.grpc_url}, metrics {server.metrics_url})\n"
@@ -289,12 +348,18 @@ def main(argv: list[str] | None = None) -> int:
             f"  .venv/bin/generate --url {server.grpc_url} --stream \"Write a JSON user record:\"\n"
             f"  curl -s -X POST http://{server.http_url}/v2/models/ensemble/generate "
             "-d '{\"text_input\": \"def fibonacci(n):\", \"max_tokens\": 64}'\n"
-            "Ctrl-C stops the server.",
+            + (f"  curl -s {openai.base_url}/completions -H 'content-type: application/json' "
+               "-d '{\"model\": \"ensemble\", \"prompt\": \"def fibonacci(n):\", \"max_tokens\": 64}'\n"
+               f"  (OpenAI-compatible endpoint: {openai.base_url}, docs/OPENAI.md)\n" if openai else "")
+            + "Ctrl-C stops the server.",
             flush=True,
         )
         assert server.process is not None
         while server.process.poll() is None:
             time.sleep(SUPERVISE_INTERVAL_S)
+            if openai is not None and openai.process is not None and openai.process.poll() is not None:
+                print(f"the OpenAI endpoint exited ({openai.process.returncode}); restarting it ...", flush=True)
+                openai.start()
             dead = server.dead_model_processes()
             if dead:  # a model process died: restart the whole server rather than serve errors forever
                 print(f"model process(es) of {sorted(dead)} died; restarting tritonserver ...", flush=True)
@@ -306,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         print("stopping tritonserver ...", flush=True)
+        if openai is not None:
+            openai.stop()
         server.stop()
 
 

@@ -1,0 +1,345 @@
+"""The FastAPI application: OpenAI's completions and chat completions over the ensemble (docs/OPENAI.md).
+
+Usage counts come from the ensemble's num_input_tokens / num_output_tokens; the speculation statistics of a
+generation ride in the `speculation` extension field (the final chunk of a stream). Stop sequences are matched
+here on the streamed text (the text returned stops before them) and the generation is then cancelled, as it is
+when the client goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sse_starlette import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from specdec_client.openai_api.schemas import ChatCompletionRequest, CompletionRequest, _Request
+from specdec_client.openai_api.triton import BackendError, Chunk
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
+DISCONNECT_POLL_S = 0.1
+MAX_BODY_BYTES = 1 << 20
+
+
+class Backend(Protocol):
+    async def ready(self) -> bool: ...
+    async def max_tokens_limit(self) -> int | None: ...
+    def stream(self, text_input: str, max_tokens: int, options: dict[str, Any]) -> AsyncIterator[Chunk]: ...
+    async def close(self) -> None: ...
+
+
+class APIError(Exception):
+    """An error answered in OpenAI's format: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict[str, Any]:
+        kind = "invalid_request_error" if self.status < 500 else "server_error"
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+class StopScanner:
+    """Finds the first stop sequence in streamed text; holds back a tail that could begin one."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops, self.held = stops, ""
+
+    def push(self, text: str) -> tuple[str, bool]:
+        """(text that may go out now, whether a stop sequence was found)."""
+        if not self.stops:
+            return text, False
+        buffer = self.held + text
+        hits = [i for i in (buffer.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.held = ""
+            return buffer[: min(hits)], True
+        longest = max(len(s) for s in self.stops) - 1
+        for k in range(min(longest, len(buffer)), 0, -1):  # the longest tail that begins a stop sequence
+            if any(s.startswith(buffer[-k:]) for s in self.stops):
+                self.held = buffer[-k:]
+                return buffer[:-k], False
+        self.held = ""
+        return buffer, False
+
+    def flush(self) -> str:
+        held, self.held = self.held, ""
+        return held
+
+
+class BodyLimit:
+    """413 for a body whose Content-Length is over the limit (a plain ASGI middleware: Starlette's
+    BaseHTTPMiddleware would hide the client's disconnect from the handlers)."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http":
+            length = dict(scope.get("headers", [])).get(b"content-length", b"")
+            if length.isdigit() and int(length) > self.limit:
+                await APIError(413, f"the body is larger than {self.limit} bytes").response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+@dataclass
+class Outcome:
+    """What a generation reports besides its text."""
+
+    max_tokens: int
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+    stats: dict[str, float] = field(default_factory=dict)
+
+    def add(self, chunk: Chunk) -> None:
+        if chunk.num_input_tokens is not None:
+            self.prompt_tokens = chunk.num_input_tokens
+        self.completion_tokens += chunk.num_output_tokens
+        self.stats = chunk.stats or self.stats
+
+    def usage(self) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens}
+
+    def speculation(self) -> dict[str, Any]:
+        """The `speculation` extension field."""
+        stats = self.stats
+        return {
+            "acceptance_rate": stats.get("acceptance_rate", 0.0),
+            "accepted_draft_tokens": int(stats.get("total_accepted_draft_tokens", 0)),
+            "draft_tokens": int(stats.get("total_draft_tokens", 0)),
+            "fallback_active": bool(stats.get("fallback_active", False)),
+        }
+
+
+async def _pieces(first: Chunk | None, rest: AsyncIterator[Chunk], outcome: Outcome,
+                  stops: list[str]) -> AsyncIterator[str]:
+    """Text pieces of a generation, cut at the first stop sequence (the backend stream is closed after)."""
+    scanner = StopScanner(stops)
+    try:
+        chunk = first
+        while chunk is not None:
+            outcome.add(chunk)
+            text, stopped = scanner.push(chunk.text)
+            if text:
+                yield text
+            if stopped:
+                outcome.finish_reason = "stop"
+                return
+            chunk = await anext(rest, None)
+        if tail := scanner.flush():
+            yield tail
+        outcome.finish_reason = "length" if outcome.completion_tokens >= outcome.max_tokens else "stop"
+    finally:
+        await rest.aclose()  # cancels the gRPC call when the generation is not over
+
+
+def create_app(backend: Backend, served_model: str = "ensemble", tokenizer: Any = None,
+               chat_template: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    """The endpoint over `backend` (TritonBackend, or a fake in unit tests); `tokenizer` renders chat prompts."""
+    state: dict[str, Any] = {"max_tokens_limit": None, "created": int(time.time())}
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        yield
+        await backend.close()
+
+    app = FastAPI(title="specdec-triton OpenAI-compatible endpoint", lifespan=lifespan)
+
+    @app.exception_handler(APIError)
+    async def _api_error(_request: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {}
+        if first.get("type") == "json_invalid":
+            return APIError(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', '')}").response()
+        where = [".".join(str(p) for p in e.get("loc", ()) if p != "body") for e in errors]
+        message = "; ".join(f"{w or 'body'}: {e.get('msg')}" for w, e in zip(where, errors, strict=True))
+        return APIError(400, message, param=where[0] if where else None).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return APIError(exc.status_code, str(exc.detail)).response()
+
+    app.add_middleware(BodyLimit, limit=max_body_bytes)
+
+    def check_model(body: _Request) -> None:
+        if body.model != served_model:
+            raise APIError(404, f"The model `{body.model}` does not exist; this endpoint serves `{served_model}`",
+                           param="model", code="model_not_found")
+
+    async def token_limit(requested: int | None, default: int | None) -> int:
+        """max_tokens for the ensemble: the request's, checked against the server's limit, or `default`."""
+        if state["max_tokens_limit"] is None:  # asked once the server answers
+            state["max_tokens_limit"] = await backend.max_tokens_limit()
+        limit = state["max_tokens_limit"]
+        if requested is None:
+            default = default or limit or COMPLETION_DEFAULT_MAX_TOKENS
+            return min(default, limit) if limit else default
+        if limit and requested > limit:
+            raise APIError(400, f"max_tokens: at most {limit} on this server, got {requested}", param="max_tokens")
+        return requested
+
+    async def open_stream(text_input: str, body: _Request, max_tokens: int) -> tuple[Chunk | None, AsyncIterator]:
+        """Start a generation and wait for its first response, so that an error still gets its status code."""
+        stream = backend.stream(text_input, max_tokens, body.ensemble_inputs())
+        try:
+            return await anext(stream, None), stream
+        except BackendError as exc:
+            await stream.aclose()
+            raise APIError(exc.status, str(exc)) from exc
+        except BaseException:
+            await stream.aclose()
+            raise
+
+    async def until_disconnected(request: Request, work: Any) -> Any:
+        """Await `work`; cancel it (and so the generation) when the client goes away first."""
+        task = asyncio.ensure_future(work)
+        try:
+            while not task.done():
+                done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+                if not done and await request.is_disconnected():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+                    raise APIError(499, "the client closed the request")
+            return task.result()
+        except BackendError as exc:
+            raise APIError(exc.status, str(exc)) from exc
+        finally:
+            task.cancel()
+
+    def sse(events: AsyncIterator[dict[str, Any]]) -> EventSourceResponse:
+        async def frames() -> AsyncIterator[dict[str, str]]:
+            try:
+                async for event in events:
+                    yield {"data": json.dumps(event, ensure_ascii=False)}
+            except BackendError as exc:  # after the first chunk: the status line is already sent
+                yield {"data": json.dumps(APIError(exc.status, str(exc)).body())}
+            yield {"data": "[DONE]"}
+
+        return EventSourceResponse(frames(), sep="\n", ping=15)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [
+            {"id": served_model, "object": "model", "created": state["created"], "owned_by": "specdec-triton"}]}
+
+    @app.get("/v1/models/{model_id}")
+    async def model(model_id: str) -> dict[str, Any]:
+        if model_id != served_model:
+            raise APIError(404, f"The model `{model_id}` does not exist", param="model", code="model_not_found")
+        return {"id": served_model, "object": "model", "created": state["created"], "owned_by": "specdec-triton"}
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        ready = await backend.ready()
+        return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Any:
+        check_model(body)
+        outcome = Outcome(await token_limit(body.max_tokens, COMPLETION_DEFAULT_MAX_TOKENS))
+        first, stream = await open_stream(body.prompt, body, outcome.max_tokens)
+        pieces = _pieces(first, stream, outcome, body.stop_sequences())
+        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+
+        def envelope(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+            return {"id": rid, "object": "text_completion", "created": created, "model": served_model,
+                    "choices": choices, **extra}
+
+        def choice(text: str, finish_reason: str | None) -> dict[str, Any]:
+            return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+        if not body.stream:
+            async def collect() -> str:
+                return "".join([piece async for piece in pieces])
+
+            text = await until_disconnected(request, collect())
+            text = body.prompt + text if body.echo else text
+            return envelope([choice(text, outcome.finish_reason)], usage=outcome.usage(),
+                            speculation=outcome.speculation())
+
+        async def events() -> AsyncIterator[dict[str, Any]]:
+            usage = {"usage": None} if body.include_usage() else {}
+            if body.echo:
+                yield envelope([choice(body.prompt, None)], **usage)
+            async for piece in pieces:
+                yield envelope([choice(piece, None)], **usage)
+            yield envelope([choice("", outcome.finish_reason)], **usage, speculation=outcome.speculation())
+            if body.include_usage():
+                yield envelope([], usage=outcome.usage())
+
+        return sse(events())
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+        check_model(body)
+        prompt = render_chat(body)
+        outcome = Outcome(await token_limit(body.token_limit(), None))  # OpenAI: as long as allowed
+        first, stream = await open_stream(prompt, body, outcome.max_tokens)
+        pieces = _pieces(first, stream, outcome, body.stop_sequences())
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+
+        def envelope(kind: str, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+            return {"id": rid, "object": kind, "created": created, "model": served_model, "choices": choices,
+                    "system_fingerprint": None, **extra}
+
+        if not body.stream:
+            async def collect() -> str:
+                return "".join([piece async for piece in pieces])
+
+            text = await until_disconnected(request, collect())
+            message = {"role": "assistant", "content": text}
+            return envelope("chat.completion", [
+                {"index": 0, "message": message, "logprobs": None, "finish_reason": outcome.finish_reason}],
+                usage=outcome.usage(), speculation=outcome.speculation())
+
+        def delta(content: dict[str, Any], finish_reason: str | None) -> list[dict[str, Any]]:
+            return [{"index": 0, "delta": content, "logprobs": None, "finish_reason": finish_reason}]
+
+        async def events() -> AsyncIterator[dict[str, Any]]:
+            usage = {"usage": None} if body.include_usage() else {}
+            yield envelope("chat.completion.chunk", delta({"role": "assistant", "content": ""}, None), **usage)
+            async for piece in pieces:
+                yield envelope("chat.completion.chunk", delta({"content": piece}, None), **usage)
+            yield envelope("chat.completion.chunk", delta({}, outcome.finish_reason), **usage,
+                           speculation=outcome.speculation())
+            if body.include_usage():
+                yield envelope("chat.completion.chunk", [], usage=outcome.usage())
+
+        return sse(events())
+
+    def render_chat(body: ChatCompletionRequest) -> str:
+        template = chat_template or getattr(tokenizer, "chat_template", None)
+        if tokenizer is None or not template:
+            raise APIError(400, f"the model `{served_model}` has no chat template: use /v1/completions, or start "
+                                "the endpoint with --chat-template FILE", param="messages",
+                           code="chat_template_missing")
+        try:
+            return tokenizer.apply_chat_template(body.conversation(), tokenize=False, add_generation_prompt=True,
+                                                 chat_template=template)
+        except Exception as exc:  # the template refused the conversation (e.g. roles out of order)
+            raise APIError(400, f"the chat template refused these messages: {exc}", param="messages") from exc
+
+    return app

@@ -1,0 +1,148 @@
+"""Request bodies of the OpenAI API subset served here, validated with pydantic (wrong types and values: 400).
+
+Fields OpenAI defines that would change the output in a way this server does not implement (n > 1,
+logprobs, penalties, tools, ...) are accepted only at their no-op value and refused otherwise, never ignored.
+Unknown fields are refused too. Speculation controls of the ensemble ride along as extension fields.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
+
+MAX_STOP_SEQUENCES = 4
+MAX_SEED = (1 << 64) - 1
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: StrictBool = False
+
+
+class _Request(BaseModel):
+    """Fields common to /v1/completions and /v1/chat/completions."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    temperature: Annotated[StrictFloat, Field(ge=0, le=2, allow_inf_nan=False)] | None = None
+    top_p: Annotated[StrictFloat, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
+    n: Literal[1] = 1
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: Annotated[StrictInt, Field(ge=0, le=MAX_SEED)] | None = None
+    presence_penalty: Literal[0, 0.0] | None = None
+    frequency_penalty: Literal[0, 0.0] | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # Extension fields: the ensemble's speculation controls (docs/SPECULATION.md).
+    top_k: Annotated[StrictInt, Field(ge=0)] | None = None
+    min_tokens: Annotated[StrictInt, Field(ge=0)] | None = None  # as vLLM's extension: no end before this
+    num_draft_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
+    num_candidates: Annotated[StrictInt, Field(ge=1)] | None = None
+    acceptance: Literal["greedy", "rejection", "typical"] | None = None
+    verify_threshold: Annotated[StrictFloat, Field(gt=0, le=1)] | None = None
+    task: Literal["auto", "json", "code", "text"] | None = None
+    drafter: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, value: str | list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        stops = [value] if isinstance(value, str) else value
+        if len(stops) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
+        if any(not s for s in stops):
+            raise ValueError("stop sequences must not be empty")
+        return stops or None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, value: dict[str, float] | None) -> None:
+        if value:
+            raise ValueError("logit_bias is not supported by this server")
+        return None
+
+    def stop_sequences(self) -> list[str]:
+        return list(self.stop or [])
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def ensemble_inputs(self) -> dict[str, Any]:
+        """Ensemble inputs this request sets (None: the server's default)."""
+        return {
+            "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed, "top_k": self.top_k,
+            "min_length": self.min_tokens,
+            "num_draft_tokens": self.num_draft_tokens, "num_candidates": self.num_candidates,
+            "acceptance": self.acceptance, "verify_threshold": self.verify_threshold, "task": self.task,
+            "drafter": self.drafter,
+        }
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[str]
+    echo: StrictBool = False
+    logprobs: Literal[0] | None = None
+    best_of: Literal[1] | None = None
+    suffix: None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value: str | list[str]) -> str:
+        if isinstance(value, list):
+            if len(value) != 1:
+                raise ValueError(f"this server takes one prompt per request, got {len(value)}")
+            value = value[0]
+        if not value:
+            raise ValueError("the prompt is empty")
+        return value
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+
+
+class ChatCompletionRequest(_Request):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    logprobs: Literal[False] | None = None
+    top_logprobs: None = None
+    response_format: ResponseFormat | None = None
+    tools: Annotated[list[Any], Field(max_length=0)] | None = None
+    tool_choice: Literal["none"] | None = None
+    parallel_tool_calls: StrictBool | None = None
+
+    @model_validator(mode="after")
+    def _one_limit(self) -> ChatCompletionRequest:
+        if self.max_tokens is not None and self.max_completion_tokens is not None:
+            raise ValueError("give max_tokens or max_completion_tokens, not both")
+        return self
+
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def conversation(self) -> list[dict[str, str]]:
+        # "developer" is the newer name of "system"; chat templates know "system".
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]

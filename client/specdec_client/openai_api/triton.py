@@ -1,0 +1,137 @@
+"""The ensemble over tritonclient's asyncio gRPC client: one bidirectional stream per generation.
+
+Every generation is streamed from Triton (stream true), also for a non-streamed OpenAI answer: the endpoint
+can then stop at a stop sequence, and a cancelled call reaches the generation (postprocessing marks it
+abandoned at its next chunk, docs/RELIABILITY.md). Closing the iterator cancels the gRPC call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import numpy as np
+import tritonclient.grpc.aio as grpcclient
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+from specdec_client.api import INPUT_DTYPES
+
+STAT_NAMES = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "fallback_active")
+# An error naming one of the ensemble's inputs ("max_tokens: must be in [1, 1024], got 5000") is the client's.
+_FIELD_ERROR = re.compile(r"(?:^|[\s,'])(" + "|".join(["text_input", *INPUT_DTYPES]) + r"): ")
+_BUSY = ("server busy", "KV slots", "maximum queue size", "queue timeout", "Request timeout expired", "deadline")
+
+
+@dataclass
+class Chunk:
+    """One response of the ensemble."""
+
+    text: str
+    num_input_tokens: int | None
+    num_output_tokens: int  # tokens this response adds (return_num_output_tokens)
+    stats: dict[str, float] = field(default_factory=dict)
+    final: bool = False
+
+
+class BackendError(Exception):
+    """Triton answered with an error; `status` is the HTTP status the endpoint answers with."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def classify(message: str) -> int:
+    """HTTP status for a Triton error message (a stream's errors carry no code)."""
+    if _FIELD_ERROR.search(message):
+        return 400
+    if any(marker in message for marker in _BUSY):
+        return 503
+    return 500
+
+
+def _tensor(name: str, value: Any) -> grpcclient.InferInput:
+    array = np.array([[value.encode() if isinstance(value, str) else value]], dtype=INPUT_DTYPES.get(name, np.bool_))
+    tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def _scalar(result: Any, name: str) -> float | None:
+    value = result.as_numpy(name)
+    return None if value is None or not value.size else value.reshape(-1)[0].item()
+
+
+class TritonBackend:
+    """Generations and health of one ensemble on one tritonserver."""
+
+    def __init__(self, url: str, model: str = "ensemble") -> None:
+        self.url, self.model = url, model
+        self._client: grpcclient.InferenceServerClient | None = None
+
+    @property
+    def client(self) -> grpcclient.InferenceServerClient:
+        if self._client is None:  # made inside the running event loop
+            self._client = grpcclient.InferenceServerClient(self.url)
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    async def ready(self) -> bool:
+        try:
+            return bool(await self.client.is_server_ready() and await self.client.is_model_ready(self.model))
+        except InferenceServerException:
+            return False
+
+    async def max_tokens_limit(self) -> int | None:
+        """speculative_decoding's max_tokens_limit parameter, when the server answers."""
+        try:
+            config = await self.client.get_model_config("speculative_decoding", as_json=True)
+        except InferenceServerException:
+            return None
+        value = config.get("config", {}).get("parameters", {}).get("max_tokens_limit", {}).get("string_value")
+        return int(value) if value else None
+
+    async def stream(self, text_input: str, max_tokens: int, options: dict[str, Any]) -> AsyncIterator[Chunk]:
+        """The ensemble's responses for one prompt; raises BackendError for an error response."""
+        params = {"text_input": text_input, "max_tokens": max_tokens, "stream": True,
+                  "exclude_input_in_output": True, **{k: v for k, v in options.items() if v is not None},
+                  "return_num_input_tokens": True, "return_num_output_tokens": True}
+        inputs = [_tensor(name, value) for name, value in params.items()]
+        done = asyncio.Event()
+
+        async def requests() -> AsyncIterator[dict[str, Any]]:
+            yield {"model_name": self.model, "inputs": inputs}
+            await done.wait()  # keep the stream open until the last response
+
+        call = self.client.stream_infer(requests())
+        try:
+            async for result, error in call:
+                if error is not None:
+                    message = error.message() if isinstance(error, InferenceServerException) else str(error)
+                    raise BackendError(message, classify(message))
+                text = result.as_numpy("text_output")
+                final = result.get_response().parameters.get("triton_final_response")
+                num_input = _scalar(result, "num_input_tokens")
+                yield Chunk(
+                    text=text.reshape(-1)[0].decode("utf-8") if text is not None and text.size else "",
+                    num_input_tokens=None if num_input is None else int(num_input),
+                    num_output_tokens=int(_scalar(result, "num_output_tokens") or 0),
+                    stats={name: value for name in STAT_NAMES if (value := _scalar(result, name)) is not None},
+                    final=final is None or final.bool_param,
+                )
+                if final is None or final.bool_param:
+                    return
+        except grpc.RpcError as exc:  # the server is gone or unreachable
+            raise BackendError(f"tritonserver at {self.url} did not answer: {exc.code().name}", 503) from exc
+        finally:
+            done.set()
+            call.cancel()  # a no-op after the last response; stops the generation otherwise
+

@@ -1,0 +1,148 @@
+"""The OpenAI-compatible endpoint on a real tritonserver, with the official openai package as the client."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+from specdec_client.api import generate_grpc
+from specdec_client.server import OpenAIEndpoint, free_port
+from test_cancellation import LONG, stopped_lines, wait_for_stop
+from transformers import AutoTokenizer
+
+pytestmark = pytest.mark.integration
+MODEL = "ensemble"
+PROMPT = "def fibonacci(n):"
+MAX_TOKENS = 32
+# For a target whose tokenizer has no chat template (the 12M test pair): the documented --chat-template fallback.
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(server):
+    return AutoTokenizer.from_pretrained(server.model_repository / "target_model" / "1")
+
+
+@pytest.fixture(scope="module")
+def endpoint(server, tokenizer, tmp_path_factory):
+    extra = ["--tokenizer", str(server.model_repository / "target_model" / "1")]
+    if not tokenizer.chat_template:
+        template = tmp_path_factory.mktemp("openai") / "chat_template.jinja"
+        template.write_text(CHATML)
+        extra += ["--chat-template", str(template)]
+    log = tmp_path_factory.mktemp("openai_log") / "endpoint.log"
+    with OpenAIEndpoint(server.grpc_url, free_port(), extra_args=extra, log_file=log) as instance:
+        yield instance
+
+
+@pytest.fixture(scope="module")
+def client(endpoint):
+    return openai.OpenAI(base_url=endpoint.base_url, api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def greedy(server):
+    return generate_grpc(server.grpc_url, {"text_input": PROMPT, "max_tokens": MAX_TOKENS,
+                                           "exclude_input_in_output": True})
+
+
+def test_models(client):
+    assert [m.id for m in client.models.list()] == [MODEL]
+
+
+def test_completion_equals_the_ensembles_greedy_text(client, greedy, tokenizer):
+    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0)
+    assert out.choices[0].text == greedy.text
+    assert out.usage.prompt_tokens == len(tokenizer(PROMPT).input_ids)
+    assert out.usage.completion_tokens == greedy.num_output_tokens
+    assert out.choices[0].finish_reason == ("length" if greedy.num_output_tokens == MAX_TOKENS else "stop")
+    speculation = out.model_extra["speculation"]
+    assert speculation["draft_tokens"] == greedy.stats["total_draft_tokens"]
+    assert speculation["accepted_draft_tokens"] == greedy.stats["total_accepted_draft_tokens"]
+
+
+def test_streamed_completion_assembles_to_the_same_text_and_usage(client, greedy):
+    stream = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0,
+                                       stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == greedy.text
+    assert len([c for c in chunks if c.choices]) > 2  # streamed, not one piece
+    assert chunks[-1].usage.completion_tokens == greedy.num_output_tokens
+
+
+def test_chat_streamed_and_not(client):
+    messages = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "Fibonacci?"}]
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0)
+    assert whole.choices[0].message.role == "assistant" and whole.choices[0].finish_reason in ("stop", "length")
+    assert 0 < whole.usage.completion_tokens <= 24 and whole.usage.prompt_tokens > 10
+    stream = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0,
+                                            stream=True)
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+
+
+def test_stop_sequence_cuts_the_text(client, greedy):
+    words = greedy.text.split()
+    assert len(words) > 3, greedy.text
+    stop = words[len(words) // 2]
+    out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0, stop=[stop])
+    assert out.choices[0].text == greedy.text[: greedy.text.index(stop)]
+    assert out.choices[0].finish_reason == "stop"
+
+
+def test_seeded_sampling_repeats(client):
+    def sample(seed):
+        return client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=1.0, top_p=0.95,
+                                         seed=seed).choices[0].text
+
+    assert sample(11) == sample(11)
+
+
+@pytest.mark.parametrize("kwargs, status", [
+    ({"temperature": "warm"}, 400),
+    ({"max_tokens": 100_000}, 400),  # over the server's max_tokens limit
+    ({"extra_body": {"num_draft_tokens": 10_000}}, 400),  # refused by the ensemble: its error, with 400
+    ({"model": "gpt-4o"}, 404),
+])
+def test_errors(client, kwargs, status):
+    args = {"model": MODEL, "prompt": PROMPT, "max_tokens": 4, **kwargs}
+    with pytest.raises(openai.APIStatusError) as info:
+        client.completions.create(**args)
+    assert info.value.status_code == status
+    assert info.value.body["message"] and info.value.body["type"]
+
+
+def test_malformed_json_is_400(endpoint):
+    resp = httpx.post(f"{endpoint.base_url}/chat/completions", content=b"{not json",
+                      headers={"content-type": "application/json"}, timeout=30)
+    assert resp.status_code == 400 and resp.json()["error"]["type"] == "invalid_request_error"
+
+
+LONG_BODY = {"model": MODEL, "prompt": PROMPT, "max_tokens": LONG, "min_tokens": LONG, "num_draft_tokens": 0}
+
+
+def test_a_client_that_leaves_a_stream_stops_the_generation(server, endpoint):
+    before = len(stopped_lines(server))
+    with httpx.stream("POST", f"{endpoint.base_url}/completions", json={**LONG_BODY, "stream": True},
+                      timeout=60) as resp:
+        events = 0
+        for line in resp.iter_lines():
+            events += line.startswith("data: ")
+            if events == 3:
+                break
+    _, _, tokens = wait_for_stop(server, before, "abandoned")
+    assert tokens < LONG // 4
+
+
+def test_a_client_that_leaves_a_non_streamed_request_stops_the_generation(server, endpoint):
+    before = len(stopped_lines(server))
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{endpoint.base_url}/completions", json=LONG_BODY, timeout=httpx.Timeout(30, read=2.0))
+    started = time.monotonic()
+    _, _, tokens = wait_for_stop(server, before, "abandoned")
+    assert tokens < LONG and time.monotonic() - started < 15

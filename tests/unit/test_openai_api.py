@@ -1,0 +1,257 @@
+"""The OpenAI-compatible endpoint over a scripted backend (no server): the official openai client as the client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from specdec_client.openai_api.app import StopScanner, create_app
+from specdec_client.openai_api.triton import BackendError, Chunk, classify
+
+MODEL = "ensemble"
+TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+STATS = {"acceptance_rate": 0.5, "total_accepted_draft_tokens": 3, "total_draft_tokens": 6, "fallback_active": 0}
+
+
+class FakeTokenizer:
+    chat_template = TEMPLATE
+
+    def apply_chat_template(self, conversation, tokenize, add_generation_prompt, chat_template):
+        from jinja2 import Template
+
+        return Template(chat_template).render(messages=conversation, add_generation_prompt=add_generation_prompt)
+
+
+class ScriptedBackend:
+    """Answers every prompt with `pieces` (one token each), or fails with `error` before the first one."""
+
+    def __init__(self, pieces: list[str], error: BackendError | None = None, limit: int | None = 64) -> None:
+        self.pieces, self.error, self.limit = pieces, error, limit
+        self.calls: list[tuple[str, int, dict[str, Any]]] = []
+        self.closed_early = 0
+
+    async def ready(self) -> bool:
+        return True
+
+    async def max_tokens_limit(self) -> int | None:
+        return self.limit
+
+    async def close(self) -> None:
+        pass
+
+    async def stream(self, text_input: str, max_tokens: int, options: dict[str, Any]) -> AsyncIterator[Chunk]:
+        self.calls.append((text_input, max_tokens, options))
+        if self.error is not None:
+            raise self.error
+        pieces = self.pieces[:max_tokens]
+        finished = False
+        try:
+            for i, piece in enumerate(pieces):
+                yield Chunk(piece, num_input_tokens=5, num_output_tokens=1, stats=STATS, final=i == len(pieces) - 1)
+            finished = True
+        finally:
+            self.closed_early += not finished
+
+
+def client_for(backend: ScriptedBackend, tokenizer: Any = None) -> openai.AsyncOpenAI:
+    app = create_app(backend, served_model=MODEL, tokenizer=tokenizer)
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+    return openai.AsyncOpenAI(api_key="unused", base_url="http://test/v1", http_client=http, max_retries=0)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_completion_text_usage_and_speculation():
+    backend = ScriptedBackend(["Hello", ",", " world", "!"])
+
+    async def go():
+        return await client_for(backend).completions.create(model=MODEL, prompt="Say hi", max_tokens=3, seed=7,
+                                                             temperature=0.5, top_p=0.9)
+
+    out = run(go())
+    assert out.choices[0].text == "Hello, world" and out.choices[0].finish_reason == "length"
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == (5, 3, 8)
+    assert out.model_extra["speculation"] == {"acceptance_rate": 0.5, "accepted_draft_tokens": 3, "draft_tokens": 6,
+                                              "fallback_active": False}
+    text_input, max_tokens, options = backend.calls[0]
+    assert (text_input, max_tokens) == ("Say hi", 3)
+    assert (options["seed"], options["temperature"], options["top_p"]) == (7, 0.5, 0.9)
+
+
+def test_completion_default_max_tokens_and_echo():
+    backend = ScriptedBackend(["x"] * 40)
+    out = run(client_for(backend).completions.create(model=MODEL, prompt="P:", echo=True))
+    assert backend.calls[0][1] == 16  # OpenAI's default for completions
+    assert out.choices[0].text == "P:" + "x" * 16
+
+
+def test_stop_sequence_across_chunks_cuts_the_text_and_stops_the_generation():
+    backend = ScriptedBackend(["one", " two", " th", "ree", " four", " five"])
+    out = run(client_for(backend).completions.create(model=MODEL, prompt="count", max_tokens=6, stop=["three", "six"]))
+    assert out.choices[0].text == "one two " and out.choices[0].finish_reason == "stop"
+    assert backend.closed_early == 1
+
+
+def test_streamed_completion_with_usage():
+    backend = ScriptedBackend(["a", "b", "c"])
+
+    async def go():
+        stream = await client_for(backend).completions.create(model=MODEL, prompt="p", max_tokens=8, stream=True,
+                                                               stream_options={"include_usage": True})
+        return [chunk async for chunk in stream]
+
+    chunks = run(go())
+    texts = [c.choices[0].text for c in chunks if c.choices]
+    assert "".join(texts) == "abc"
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].choices[0].finish_reason == "stop"
+    assert finals[0].model_extra["speculation"]["draft_tokens"] == 6
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 3
+
+
+def test_chat_uses_the_template_and_streams_deltas():
+    backend = ScriptedBackend(["Hi", " there"])
+    client = client_for(backend, FakeTokenizer())
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
+
+    async def go():
+        whole = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4)
+        stream = await client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, stream=True)
+        return whole, [chunk async for chunk in stream]
+
+    whole, chunks = run(go())
+    assert backend.calls[0][0] == "<|system|>Be brief.\n<|user|>Hello\n<|assistant|>"
+    assert whole.choices[0].message.role == "assistant" and whole.choices[0].message.content == "Hi there"
+    assert whole.usage.completion_tokens == 2 and whole.object == "chat.completion"
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Hi there"
+    assert chunks[-1].choices[0].finish_reason == "stop" and chunks[-1].object == "chat.completion.chunk"
+    assert backend.calls[1][1] == 4
+
+
+def test_chat_default_max_tokens_is_the_server_limit():
+    backend = ScriptedBackend(["x"], limit=48)
+    run(client_for(backend, FakeTokenizer()).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}]))
+    assert backend.calls[0][1] == 48
+
+
+def test_chat_without_a_template_is_a_clear_400():
+    backend = ScriptedBackend(["x"])
+    with pytest.raises(openai.BadRequestError) as info:
+        run(client_for(backend).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}]))
+    assert info.value.code == "chat_template_missing" and "/v1/completions" in info.value.message
+    assert not backend.calls
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    ({"temperature": "hot"}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": 65}, "max_tokens"),  # over the server's limit
+    ({"n": 2}, "n"),
+    ({"seed": -1}, "seed"),
+    ({"logprobs": 2}, "logprobs"),
+    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"prompt": ["one", "two"]}, "prompt"),
+    ({"extra_body": {"frobnicate": 1}}, "frobnicate"),
+])
+def test_bad_requests_get_400_in_openai_format(kwargs, param):
+    backend = ScriptedBackend(["x"])
+    args = {"model": MODEL, "prompt": "p", **kwargs}
+    with pytest.raises(openai.BadRequestError) as info:
+        run(client_for(backend).completions.create(**args))
+    assert info.value.status_code == 400
+    body = info.value.body
+    assert body["type"] == "invalid_request_error" and param in body["param"] and body["message"]
+    assert not backend.calls
+
+
+def test_malformed_json_and_unknown_routes_are_openai_errors():
+    app = create_app(ScriptedBackend(["x"]), served_model=MODEL)
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+            broken = await http.post("/v1/completions", content=b'{"model": "ensemble", "prompt": ',
+                                     headers={"content-type": "application/json"})
+            missing = await http.post("/v1/nowhere", json={})
+            huge = await http.post("/v1/completions", content=b"x" * (2 << 20),
+                                   headers={"content-type": "application/json"})
+            return broken, missing, huge
+
+    broken, missing, huge = run(go())
+    assert broken.status_code == 400 and "not valid JSON" in broken.json()["error"]["message"]
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "invalid_request_error"
+    assert huge.status_code == 413 and "error" in huge.json()
+
+
+def test_unknown_model_is_404():
+    with pytest.raises(openai.NotFoundError) as info:
+        run(client_for(ScriptedBackend(["x"])).completions.create(model="gpt-4", prompt="p"))
+    assert info.value.code == "model_not_found"
+
+
+@pytest.mark.parametrize("message, status, error", [
+    ("in ensemble 'ensemble', max_tokens: must be in [1, 1024], got 5000", 400, openai.BadRequestError),
+    ("in ensemble 'ensemble', server busy: 16 generations use all KV slots and 64 wait", 503,
+     openai.InternalServerError),
+    ("in ensemble 'ensemble', internal error: boom", 500, openai.InternalServerError),
+])
+def test_triton_errors_keep_their_meaning(message, status, error):
+    assert classify(message) == status
+    backend = ScriptedBackend([], error=BackendError(message, status))
+    with pytest.raises(error) as info:
+        run(client_for(backend).completions.create(model=MODEL, prompt="p"))
+    assert info.value.status_code == status and message in info.value.message
+
+
+def test_models_lists_the_served_model():
+    async def go():
+        return [m.id async for m in client_for(ScriptedBackend([])).models.list()]
+
+    assert run(go()) == [MODEL]
+
+
+@pytest.mark.parametrize("pieces, stops, expected", [
+    (["ab", "cd"], [], ("abcd", False)),
+    (["hello wor", "ld"], ["world"], ("hello ", True)),
+    (["a<", "/s", "> tail"], ["</s>"], ("a", True)),
+    (["a<", "b"], ["</s>"], ("a<b", False)),
+    (["xx", "x"], ["xy", "xxx"], ("", True)),
+])
+def test_stop_scanner(pieces, stops, expected):
+    scanner = StopScanner(stops)
+    out, stopped = "", False
+    for piece in pieces:
+        text, stopped = scanner.push(piece)
+        out += text
+        if stopped:
+            break
+    if not stopped:
+        out += scanner.flush()
+    assert (out, stopped) == expected
+
+
+def test_sse_frames_are_openai_shaped():
+    app = create_app(ScriptedBackend(["a", "b"]), served_model=MODEL)
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+            resp = await http.post("/v1/completions", json={"model": MODEL, "prompt": "p", "stream": True})
+            return resp
+
+    resp = run(go())
+    assert resp.headers["content-type"].startswith("text/event-stream")
+    data = [line[len("data: "):] for line in resp.text.splitlines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    events = [json.loads(d) for d in data[:-1]]
+    assert all(e["object"] == "text_completion" and e["id"] == events[0]["id"] for e in events)
