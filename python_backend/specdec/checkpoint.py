@@ -57,6 +57,7 @@ class ModelSpec:
     @classmethod
     def from_config(cls, cfg: dict) -> ModelSpec:
         family = family_of(cfg)
+        cfg = family.complete(cfg)
         check_common(cfg)
         traits = family.traits(cfg)
         rope = rope_parameters(cfg)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -63,6 +63,12 @@ class Family:
     architecture: str  # the transformers class that is the reference for this family
     describe: str
     traits: Callable[[dict], DecoderTraits]
+    defaults: dict[str, Any] = field(default_factory=dict)  # its transformers config class's, where they differ
+
+    def complete(self, cfg: dict) -> dict:
+        """`cfg` with this family's defaults for the fields it leaves out (as its config class fills them; an
+        explicit null stays: Mistral v0.2+ writes `"sliding_window": null` for no window)."""
+        return {**self.defaults, **cfg}
 
 
 # rope_type -> the longest context a static cos/sin table serves exactly (None: the model's whole context).
@@ -132,10 +138,13 @@ def _mistral(cfg: dict) -> DecoderTraits:
 
 FAMILIES: dict[str, Family] = {
     family.model_type: family for family in (
-        Family("llama", "LlamaForCausalLM", "Llama 2 / 3.x and Llama-architecture models", _llama),
-        Family("qwen2", "Qwen2ForCausalLM", "Qwen2 / Qwen2.5", _qwen2),
-        Family("qwen3", "Qwen3ForCausalLM", "Qwen3 (dense)", _qwen3),
-        Family("mistral", "MistralForCausalLM", "Mistral", _mistral),
+        Family("llama", "LlamaForCausalLM", "Llama 2 / 3.x and Llama-architecture models", _llama,
+               {"max_position_embeddings": 2048}),
+        Family("qwen2", "Qwen2ForCausalLM", "Qwen2 / Qwen2.5", _qwen2, {"max_position_embeddings": 32768}),
+        Family("qwen3", "Qwen3ForCausalLM", "Qwen3 (dense)", _qwen3,
+               {"max_position_embeddings": 32768, "head_dim": 128}),
+        Family("mistral", "MistralForCausalLM", "Mistral", _mistral,
+               {"max_position_embeddings": 131072, "sliding_window": 4096}),
     )
 }
 _BY_ARCHITECTURE = {family.architecture: family for family in FAMILIES.values()}

@@ -149,6 +149,23 @@ def test_supported_variants_are_accepted():
     assert (biased.qkv_bias, biased.o_bias, biased.mlp_bias) == (True, True, True)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fields_a_config_leaves_out_get_its_config_classs_defaults(family):
+    from transformers import AutoConfig
+
+    essentials = {"vocab_size": 32, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                  "num_key_value_heads": 2, "intermediate_size": 32}
+    model_type = "llama" if family == "llama3" else family
+    spec = ModelSpec.from_config({"model_type": model_type, **essentials})
+    reference = AutoConfig.for_model(model_type, **essentials)
+    assert spec.max_position_embeddings == reference.max_position_embeddings
+    assert spec.head_dim == (getattr(reference, "head_dim", None) or 64 // 4)
+    assert spec.sliding_window == (reference.sliding_window if model_type == "mistral" else None)
+    assert spec.tie_word_embeddings == reference.tie_word_embeddings
+    assert spec.rms_norm_eps == reference.rms_norm_eps
+    assert spec.rope_theta == reference.rope_parameters["rope_theta"]
+
+
 def test_the_onnx_export_refuses_an_unsupported_checkpoint_before_exporting(tmp_path):
     from specdec.runtime.step_graph import export_decoder
 
