@@ -17,7 +17,8 @@
 # Environment: SPECDEC_HOME (/opt/specdec), SPECDEC_MODEL_REPOSITORY, SPECDEC_DEPLOYMENT (the base deployment YAML),
 # SPECDEC_DEPLOYMENT_OVERRIDES (a YAML merged over it key by key), SPECDEC_RUN_REPOSITORY,
 # SPECDEC_BUILD_ENGINES (auto|1|0), SPECDEC_ENGINE_CACHE, SPECDEC_BUILD_ENGINES_ARGS, SPECDEC_EXIT_TIMEOUT_S,
-# HTTP_PORT, GRPC_PORT, METRICS_PORT, TRITONSERVER (the server command), SPECDEC_PYTHON.
+# HTTP_PORT, GRPC_PORT, METRICS_PORT, TRITONSERVER (the server command), SPECDEC_PYTHON,
+# SPECDEC_OPENAI_PORT / SPECDEC_OPENAI_HOST (the OpenAI-compatible endpoint; unset or 0: not started).
 set -euo pipefail
 
 log() { printf '[specdec-entrypoint] %s\n' "$*" >&2; }
@@ -164,5 +165,15 @@ fi
 # tritonserver 2.51 parses HTTP JSON recursively on its threads' stacks: a ~200 KB body of nested brackets
 # overflows the usual 8 MiB (docs/SECURITY.md). A larger stack limit is inherited by its threads.
 ulimit -s "${SPECDEC_STACK_KIB:-65536}" 2>/dev/null || log "could not raise the stack limit; cap request bodies in front"
+# --- 4. the OpenAI-compatible endpoint (docs/OPENAI.md) -----------------------------------------------------------
+# In the background, restarted if it exits; it answers 503 until tritonserver is ready. After the exec below it
+# is a child of tritonserver (this pid), and goes with the container when tritonserver exits.
+if [[ -n "${SPECDEC_OPENAI_PORT:-}" && "${SPECDEC_OPENAI_PORT}" != "0" ]]; then
+  openai_cmd=("$PYTHON" -m specdec_client.openai_api --triton-url "127.0.0.1:${GRPC_PORT:-8001}"
+              --host "${SPECDEC_OPENAI_HOST:-0.0.0.0}" --port "$SPECDEC_OPENAI_PORT" --tokenizer "$repo/target_model/1")
+  log "OpenAI-compatible endpoint on port $SPECDEC_OPENAI_PORT: ${openai_cmd[*]}"
+  ( while true; do "${openai_cmd[@]}" || true; sleep 2; done ) </dev/null >&2 &
+fi
+
 log "exec $TRITONSERVER ${args[*]} $*"
 exec "$TRITONSERVER" "${args[@]}" "$@"

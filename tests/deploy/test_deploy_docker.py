@@ -128,7 +128,8 @@ def test_images_base_user_ports_and_entrypoint() -> None:
     for name, steps in (("Dockerfile", gpu), ("Dockerfile.cpu", cpu)):
         users = [a for k, a in steps if k == "USER"]
         assert users and not users[-1].startswith(("0", "root")), f"{name} runs as root"
-        assert [a for k, a in steps if k == "EXPOSE"] == ["8000 8001 8002"], name
+        assert [a for k, a in steps if k == "EXPOSE"] == ["8000 8001 8002 9000"], name
+        assert _env(steps)["SPECDEC_OPENAI_PORT"] == "9000", name  # the entrypoint starts the OpenAI endpoint
         assert [a for k, a in steps if k == "ENTRYPOINT"] == ['["/usr/local/bin/specdec-entrypoint"]'], name
         assert any(k == "HEALTHCHECK" and "/v2/health/ready" in a for k, a in steps), name
 

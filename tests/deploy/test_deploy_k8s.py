@@ -149,7 +149,9 @@ def test_selectors_ports_and_targets_are_wired(rendered) -> None:
     pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert _matches(deployment["spec"]["selector"]["matchLabels"], pod_labels)
     ports = {p["name"]: p["containerPort"] for p in container(docs)["ports"]}
-    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002}
+    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002, "openai": 9000}
+    env = {e["name"]: e.get("value") for e in container(docs)["env"]}
+    assert env["SPECDEC_OPENAI_PORT"] == "9000"  # docker/entrypoint.sh starts the OpenAI-compatible endpoint
 
     services = by_kind(docs, "Service")
     for service in services:
@@ -157,7 +159,7 @@ def test_selectors_ports_and_targets_are_wired(rendered) -> None:
         for port in service["spec"]["ports"]:
             assert port["targetPort"] in ports, port
     main = next(s for s in services if s["spec"].get("clusterIP") != "None")
-    assert {p["name"] for p in main["spec"]["ports"]} == {"http", "grpc", "metrics"}
+    assert {p["name"] for p in main["spec"]["ports"]} == {"http", "grpc", "metrics", "openai"}
     grpc = next(p for p in main["spec"]["ports"] if p["name"] == "grpc")
     assert grpc["appProtocol"] == "kubernetes.io/h2c"
 
