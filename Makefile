@@ -10,7 +10,7 @@ OPENAI_PORT ?= 9000
 export HTTP_PORT GRPC_PORT METRICS_PORT OPENAI_PORT
 
 .PHONY: setup onnx-exports serve test test-unit test-integration lint configs check-configs
-.PHONY: bench perf-analyzer genai-perf genai-perf-env check-dashboard
+.PHONY: bench perf-analyzer genai-perf genai-perf-env genai-perf-openai bench-openai check-dashboard
 
 setup:
 	@bash scripts/setup_env.sh
@@ -65,6 +65,15 @@ genai-perf-env:
 
 genai-perf: setup genai-perf-env
 	$(VENV)/bin/perf-tools genai-perf $(if $(BENCH_URL),--url $(BENCH_URL),--start-server) $(PERF_ARGS)
+
+# genai-perf's OpenAI `completions` endpoint type against the OpenAI-compatible endpoint (docs/OPENAI.md):
+# OPENAI_URL=host:port names a running one, else a server and an endpoint are started on free ports.
+genai-perf-openai: setup genai-perf-env
+	$(VENV)/bin/perf-tools genai-perf-openai $(if $(OPENAI_URL),--openai-url $(OPENAI_URL),--start-server) $(PERF_ARGS)
+
+# The endpoint's added latency against direct gRPC, per request and per streamed chunk (docs/OPENAI.md).
+bench-openai: setup
+	$(PY) -m specdec_client.bench_openai --start-server --concurrency 1,16 --rounds 8
 
 check-dashboard: setup
 	$(PY) docker/monitoring/dashboard.py --check --schema

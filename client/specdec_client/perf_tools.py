@@ -7,6 +7,7 @@ Inputs are the held-out prompts of `client/perf/` (made by `python -m specdec_cl
 
     perf-tools perf-analyzer --scenario json --concurrency 1,4 [--start-server]
     perf-tools genai-perf --scenario code --concurrency 4 [--start-server]
+    perf-tools genai-perf-openai --scenario code --concurrency 4 [--start-server | --openai-url HOST:PORT]
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from specdec_client.bench_prompts import PERF_DIR, SCENARIOS
-from specdec_client.server import REPO_ROOT, TritonServer, free_port
+from specdec_client.server import REPO_ROOT, OpenAIEndpoint, TritonServer, free_port
 
 MODEL = "ensemble"
 GENAI_PERF_VENV = Path(os.environ.get("GENAI_PERF_VENV", REPO_ROOT / ".venv-genai-perf"))
@@ -74,6 +75,30 @@ def genai_perf_command(grpc_url: str, scenario: str, concurrency: int, request_c
             "--warmup-request-count", "0", "--artifact-dir", str(artifacts)]
 
 
+def genai_perf_openai_command(openai_url: str, scenario: str, concurrency: int, request_count: int,
+                              artifacts: Path) -> list[str]:
+    """genai-perf profile against the OpenAI-compatible endpoint (its `completions` endpoint type)."""
+    _, _, max_tokens = SCENARIOS[scenario]
+    prompts = PERF_DIR / f"genai_perf_{scenario}.jsonl"
+    return [str(GENAI_PERF_VENV / "bin" / "genai-perf"), "profile", "-m", MODEL,
+            "--endpoint-type", "completions", "--streaming", "-u", openai_url,
+            "--tokenizer", str(TOKENIZER_DIR), "--input-file", str(prompts),
+            "--num-prompts", str(sum(1 for _ in prompts.open())),
+            "--output-tokens-mean", str(max_tokens), "--extra-inputs", f"min_tokens:{max_tokens}",
+            "--concurrency", str(concurrency), "--request-count", str(request_count),
+            "--warmup-request-count", "0", "--artifact-dir", str(artifacts)]
+
+
+@contextlib.contextmanager
+def maybe_openai(start: bool, grpc_url: str, openai_url: str, log: Path) -> Iterator[str]:
+    """Yield host:port of an OpenAI-compatible endpoint: the given one, or one started in front of grpc_url."""
+    if not start:
+        yield openai_url
+        return
+    with OpenAIEndpoint(grpc_url, free_port(), extra_args=["--tokenizer", str(TOKENIZER_DIR)], log_file=log) as ep:
+        yield f"{ep.host}:{ep.port}"
+
+
 @contextlib.contextmanager
 def maybe_server(start: bool, grpc_url: str, log: Path) -> Iterator[str]:
     """Yield the gRPC url of a running server: the given one, or a fresh one on free ports."""
@@ -92,8 +117,10 @@ def run(command: list[str], cwd: Path | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("tool", choices=("perf-analyzer", "genai-perf"))
+    parser.add_argument("tool", choices=("perf-analyzer", "genai-perf", "genai-perf-openai"))
     parser.add_argument("--url", default="127.0.0.1:8001", help="gRPC host:port of a running server")
+    parser.add_argument("--openai-url", default="127.0.0.1:9000",
+                        help="genai-perf-openai: host:port of a running OpenAI-compatible endpoint")
     parser.add_argument("--start-server", action="store_true", help="start a server on free ports for the run")
     parser.add_argument("--scenario", choices=tuple(SCENARIOS), action="append")
     parser.add_argument("--concurrency", default="1", help="perf_analyzer range start:end:step, genai-perf: N")
@@ -102,7 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     status = 0
-    with maybe_server(args.start_server, args.url, args.out / "server.log") as url:
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(maybe_server(args.start_server, args.url, args.out / "server.log"))
+        if args.tool == "genai-perf-openai":
+            openai_url = stack.enter_context(maybe_openai(args.start_server, url, args.openai_url,
+                                                          args.out / "openai.log"))
         for scenario in args.scenario or list(SCENARIOS):
             if args.tool == "perf-analyzer":
                 command = perf_analyzer_command(url, PERF_DIR / f"{scenario}.json", args.concurrency,
@@ -111,8 +142,11 @@ def main(argv: list[str] | None = None) -> int:
                 if not (GENAI_PERF_VENV / "bin" / "genai-perf").exists():
                     print("genai-perf is not installed: run `make genai-perf-env`", file=sys.stderr)
                     return 2
-                command = genai_perf_command(url, scenario, int(args.concurrency), args.request_count,
-                                             args.out / f"genai_perf_{scenario}")
+                to_openai = args.tool == "genai-perf-openai"
+                make = genai_perf_openai_command if to_openai else genai_perf_command
+                artifacts = args.out / f"{args.tool.replace('-', '_')}_{scenario}"
+                command = make(openai_url if to_openai else url, scenario, int(args.concurrency),
+                               args.request_count, artifacts)
             status = run(command) or status
     return status
 

@@ -255,3 +255,11 @@ def test_sse_frames_are_openai_shaped():
     assert data[-1] == "[DONE]"
     events = [json.loads(d) for d in data[:-1]]
     assert all(e["object"] == "text_completion" and e["id"] == events[0]["id"] for e in events)
+
+
+def test_genai_perf_runs_its_openai_completions_endpoint_type(tmp_path):
+    from specdec_client.perf_tools import genai_perf_openai_command
+
+    cmd = genai_perf_openai_command("127.0.0.1:9000", "json", 2, 8, tmp_path)
+    assert cmd[cmd.index("--endpoint-type") + 1] == "completions" and "--streaming" in cmd
+    assert cmd[cmd.index("-u") + 1] == "127.0.0.1:9000" and cmd[cmd.index("-m") + 1] == MODEL
