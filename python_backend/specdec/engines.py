@@ -3,7 +3,11 @@
 Each engine owns a runtime (the KV cache) and a SlotTable, and serves a batch of step requests of
 different sequences with as few padded forwards as possible: one for the target; one catch-up forward plus
 one per further draft token for the draft. Rollback is by length (`past_length`); keeping an accepted tree
-path (`commit_rows`) rides on the next step, so neither needs an extra round trip.
+path (`commit_rows`) rides on the next step, so neither needs an extra round trip. Before its forward a
+sequence's KV blocks are resized to the rows the step needs (specdec.kv_memory): rows past `past_length`
+are dead, so rejected draft rows give their blocks back; a step the pool cannot hold fails alone with
+CapacityError. Items of very different lengths (a prompt chunk beside decode steps) run in separate
+forwards, so a decode step is not padded to the chunk's width.
 """
 
 from __future__ import annotations
@@ -18,6 +22,22 @@ from specdec.runtime.base import DecoderRuntime, ForwardItem
 from specdec.sampling import SamplingParams, make_rng, probabilities, sample
 
 EMPTY_IDS = np.zeros(0, dtype=np.int64)
+PADDING_RATIO = 4  # an item joins a forward whose width is at most this many times its own (or PADDING_FLOOR)
+PADDING_FLOOR = 16
+
+
+def group_by_width(items: list[ForwardItem]) -> list[list[int]]:
+    """Indices of `items` in forwards of similar widths: longest first, an item joins the current group
+    while the group's width is at most max(PADDING_RATIO x its tokens, PADDING_FLOOR)."""
+    order = sorted(range(len(items)), key=lambda i: -items[i].num_tokens)
+    groups: list[list[int]] = []
+    for i in order:
+        n = items[i].num_tokens
+        if groups and items[groups[-1][0]].num_tokens <= max(PADDING_RATIO * n, PADDING_FLOOR):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 @dataclass
@@ -56,7 +76,7 @@ class StepResult:
 class _Engine:
     def __init__(self, runtime: DecoderRuntime, idle_timeout_s: float) -> None:
         self.runtime = runtime
-        self.slots = SlotTable(runtime.num_slots, idle_timeout_s)
+        self.slots = SlotTable(runtime.num_slots, idle_timeout_s, on_release=runtime.release)
 
     def _prepare(self, request: StepRequest, extra_rows: int = 0) -> SlotEntry:
         """Resolve the slot, check lengths, apply the commit. Raises SpecDecError for this request only."""
@@ -76,7 +96,18 @@ class _Engine:
             raise InvalidRequestError(
                 "input_ids", f"sequence would need {needed} cache rows; the limit is {self.runtime.max_length}"
             )
+        if len(request.input_ids):
+            entry.written_length = request.past_length  # rows past it are dead (rollback by length)
+            self.runtime.resize_rows(entry.slot, needed)  # CapacityError when the pool is full
         return entry
+
+    def _forward(self, items: list[ForwardItem]) -> list[np.ndarray]:
+        """One forward per group of similar widths (group_by_width); logits in the order of `items`."""
+        outputs: list[np.ndarray] = [np.zeros(0)] * len(items)
+        for group in group_by_width(items):
+            for i, logits in zip(group, self.runtime.forward([items[i] for i in group]), strict=True):
+                outputs[i] = logits
+        return outputs
 
     def step(self, requests: list[StepRequest]) -> list[StepResult]:
         """Serve one batch of steps; sequences that asked to END are released even if the forward failed."""
@@ -96,6 +127,14 @@ class _Engine:
     @property
     def slots_in_use(self) -> int:
         return self.slots.in_use
+
+    @property
+    def kv_blocks_in_use(self) -> int:
+        return self.runtime.kv.blocks_in_use
+
+    @property
+    def kv_bytes_in_use(self) -> int:
+        return self.runtime.kv_bytes_in_use
 
 
 class TargetEngine(_Engine):
@@ -117,7 +156,7 @@ class TargetEngine(_Engine):
             except SpecDecError as exc:
                 results[i].error = exc
         if batch:
-            outputs = self.runtime.forward([item for _, _, item in batch])
+            outputs = self._forward([item for _, _, item in batch])
             for (i, entry, item), logits in zip(batch, outputs, strict=True):
                 entry.written_length = item.past_length + item.num_tokens
                 results[i].token_ids = logits.argmax(axis=-1).astype(np.int64)
@@ -170,13 +209,15 @@ class _Growth:
 class DraftEngine(_Engine):
     """Proposes a chain (num_candidates = 1) or a tree of `num_candidates` chains of `num_draft_tokens`
     tokens per sequence in one call, looping inside. Tree rows are scratch: the caller's next
-    `past_length` drops them, and the accepted tokens come back as catch-up input."""
+    `past_length` drops them, and the accepted tokens come back as catch-up input. A step with input and
+    `num_draft_tokens` 0 only writes the input's rows (a chunk of a long prompt) and proposes nothing."""
 
     def _step(self, requests: list[StepRequest]) -> list[StepResult]:
         self.slots.evict_idle()
         results = [StepResult() for _ in requests]
         growing: list[_Growth] = []
         items: list[ForwardItem] = []
+        catch_up: list[tuple[SlotEntry, ForwardItem]] = []
         for i, request in enumerate(requests):
             try:
                 k, c = request.num_draft_tokens, request.num_candidates
@@ -191,10 +232,17 @@ class DraftEngine(_Engine):
                     base = request.past_length + len(request.input_ids)
                     growing.append(_Growth(i, entry, request, base, make_rng(request.sampling.seed)))
                     items.append(ForwardItem(entry.slot, request.past_length, np.asarray(request.input_ids)))
+                elif len(request.input_ids):
+                    catch_up.append((entry, ForwardItem(entry.slot, request.past_length,
+                                                        np.asarray(request.input_ids))))
             except SpecDecError as exc:
                 results[i].error = exc
+        if catch_up:
+            self._forward([item for _, item in catch_up])
+            for entry, item in catch_up:
+                entry.written_length = item.end_row
         while growing:
-            outputs = self.runtime.forward(items)
+            outputs = self._forward(items)
             next_growing, next_items = [], []
             for growth, item, logits in zip(growing, items, outputs, strict=True):
                 growth.entry.written_length = item.end_row

@@ -9,6 +9,15 @@ Cache bookkeeping (rollback by length): `target_valid` counts the leading tokens
 in the target's slot; every call sends `tokens[target_valid:]` (normally just the last token) plus the
 proposal after `past_length=target_valid`. After a tree verification the accepted path's rows are made
 contiguous by a commit that rides on the next target call.
+
+Rows: a generation's sequence never holds more than prompt + max_tokens rows in either decoder (the length
+of each proposal is bounded by that), which is what admission reserves for it in KV memory
+(specdec.admission).
+
+Chunked prefill: a prompt longer than `prefill_chunk` tokens goes to the target (and the draft model) in
+chunks of that many tokens, one call each. Every call is an await, so other sequences' steps run between
+the chunks (inside Triton, the sequence batcher puts them into the same execute() as the next chunk): a
+long prompt delays a running stream by one chunk per step, not by its whole prefill.
 """
 
 from __future__ import annotations
@@ -36,6 +45,8 @@ from specdec.sampling import SamplingParams, make_rng, probabilities, sample
 
 log = logging.getLogger(__name__)
 
+DEFAULT_PREFILL_CHUNK = 256  # prompt tokens per prefill call (0: the whole prompt in one call)
+
 
 class ModelBackend(Protocol):
     async def target_step(self, request: StepRequest) -> StepResult: ...
@@ -52,6 +63,11 @@ class GenerationRequest:
     min_tokens: int = 0  # end tokens are ignored until this many tokens were generated
     settings: SpeculationSettings | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
+
+    @property
+    def rows_needed(self) -> int:
+        """The most KV rows its sequence holds in a decoder: prompt + max_tokens."""
+        return len(self.prompt_ids) + self.max_tokens
 
     def speculation(self) -> SpeculationSettings:
         if self.settings is not None:
@@ -118,9 +134,10 @@ def _derived_seed(seed: int | None, iteration: int) -> int | None:
 class SpeculativeGenerator:
     def __init__(self, backend: ModelBackend, max_context_length: int, costs: CostModel | None = None,
                  monitors: dict[str, FallbackMonitor] | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> None:
         self.backend = backend
         self.max_context_length = max_context_length
+        self.prefill_chunk = prefill_chunk
         self.costs = costs or CostModel()
         self.monitors = monitors or {}
         self._clock = clock
@@ -178,11 +195,10 @@ class _Run:
         self.iteration = 0
 
     async def loop(self, is_cancelled: Callable[[], bool]) -> AsyncIterator[GenerationUpdate]:
-        result = await self._target(StepRequest(
-            self.sequence_id, past_length=0, input_ids=np.asarray(self.tokens), start=True,
-            want_logits=self.need_target_logits,
-        ), len(self.tokens))
-        self.target_valid = len(self.tokens)
+        result = await self._prefill(is_cancelled)
+        if result is None:
+            yield GenerationUpdate([], finished=True, finish_reason="cancelled")
+            return
         new = [self._pick(result, -1)]
         while True:
             update = self._emit(new)
@@ -193,6 +209,45 @@ class _Run:
                 return
             self.iteration += 1
             new = await self._iterate()
+
+    def _prefill_chunks(self) -> list[tuple[int, int]]:
+        chunk = self.gen.prefill_chunk
+        if chunk <= 0 or self.prompt_len <= chunk:
+            return [(0, self.prompt_len)]
+        return [(start, min(start + chunk, self.prompt_len)) for start in range(0, self.prompt_len, chunk)]
+
+    async def _prefill(self, is_cancelled: Callable[[], bool]) -> StepResult | None:
+        """Write the prompt's rows in the target (and, chunked, the draft model); the result of its last
+        chunk, or None when the client went away between chunks."""
+        chunks = self._prefill_chunks()
+        result = StepResult()
+        for start, end in chunks:
+            if start and is_cancelled():
+                return None
+            last = end == self.prompt_len
+            step = self._target(StepRequest(
+                self.sequence_id, past_length=start, input_ids=np.asarray(self.tokens[start:end]), start=not start,
+                want_logits=self.need_target_logits and last,
+            ), end - start)
+            if len(chunks) > 1 and self.speculate and self.model_drafter is not None:
+                result, _ = await asyncio.gather(step, self._prefill_draft(end))
+            else:
+                result = await step
+            self.target_valid = end
+        return result
+
+    async def _prefill_draft(self, end: int) -> None:
+        """The draft model's rows of the prompt up to `end` (a failure degrades to plain decoding)."""
+        assert self.model_drafter is not None
+        if not self.speculate:
+            return
+        try:
+            await self.model_drafter.prefill(self.tokens[:end])
+        except Exception as exc:
+            log.warning("draft_model prefill failed (%s); sequence %d continues without speculation", exc,
+                        self.sequence_id)
+            self.stats.draft_failures += 1
+            self.speculate = False
 
     async def _iterate(self) -> list[int]:
         k = self._choose_length()
@@ -243,7 +298,9 @@ class _Run:
         if s.adaptive:
             k = choose_length(self.estimate.rate, s.min_length, s.max_length, s.num_candidates, self.gen.costs)
         remaining = self.request.max_tokens - (len(self.tokens) - self.prompt_len)
-        room = self.gen.max_context_length - len(self.tokens) - 1
+        # Rows stay within prompt + max_tokens (what admission reserved): a tree of k x candidates nodes
+        # after the tokens so far, plus the target's bonus position.
+        room = min(self.request.rows_needed, self.gen.max_context_length) - len(self.tokens) - 1
         return max(min(k, remaining - 1, room // max(s.num_candidates, 1)), 0)
 
     async def _propose(self, k: int) -> Proposal | None:

@@ -1,6 +1,15 @@
-"""A ModelBackend that calls the engines in this process: for tests, tools and Triton-free benchmarks."""
+"""ModelBackends that call the engines in this process: for tests, tools and Triton-free benchmarks.
+
+`InProcessBackend` serves each call alone, at once. `BatchingBackend` behaves like Triton's sequence
+batcher in front of a decoder instance: steps of concurrent sequences that arrive while a forward runs are
+served together in the next engine step, and the forward runs in a worker thread, so the event loop (the
+other generations) goes on meanwhile.
+"""
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
 
 from specdec.engines import DraftEngine, StepRequest, StepResult, TargetEngine
 
@@ -17,3 +26,53 @@ class InProcessBackend:
         if self.draft is None:
             raise RuntimeError("no draft model is loaded")
         return self.draft.step([request])[0]
+
+
+class _Batcher:
+    """The queue of one engine: a worker task serves everything queued since its last step in one step."""
+
+    def __init__(self, engine: TargetEngine | DraftEngine, on_batch: Callable[[list[StepRequest]], None]) -> None:
+        self.engine = engine
+        self.on_batch = on_batch
+        self._pending: list[tuple[StepRequest, asyncio.Future[StepResult]]] = []
+        self._worker: asyncio.Task[None] | None = None
+
+    async def submit(self, request: StepRequest) -> StepResult:
+        done: asyncio.Future[StepResult] = asyncio.get_running_loop().create_future()
+        self._pending.append((request, done))
+        if self._worker is None:
+            self._worker = asyncio.create_task(self._serve())
+        return await done
+
+    async def _serve(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            requests = [request for request, _ in batch]
+            self.on_batch(requests)
+            try:
+                results = await asyncio.to_thread(self.engine.step, requests)
+            except Exception as exc:  # the whole step failed: every caller of it gets the error
+                for _, done in batch:
+                    done.set_exception(exc)
+                continue
+            for (_, done), result in zip(batch, results, strict=True):
+                done.set_result(result)
+        self._worker = None
+
+
+class BatchingBackend:
+    """Batches concurrent steps per engine as Triton's sequence batcher does; `on_batch(model, requests)`
+    sees every engine step (tests and benchmarks use it to see what ran together)."""
+
+    def __init__(self, target: TargetEngine, draft: DraftEngine | None = None,
+                 on_batch: Callable[[str, list[StepRequest]], None] = lambda model, requests: None) -> None:
+        self._target = _Batcher(target, lambda requests: on_batch("target", requests))
+        self._draft = _Batcher(draft, lambda requests: on_batch("draft", requests)) if draft is not None else None
+
+    async def target_step(self, request: StepRequest) -> StepResult:
+        return await self._target.submit(request)
+
+    async def draft_step(self, request: StepRequest) -> StepResult:
+        if self._draft is None:
+            raise RuntimeError("no draft model is loaded")
+        return await self._draft.submit(request)

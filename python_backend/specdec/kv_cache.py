@@ -1,7 +1,8 @@
-"""KV-slot bookkeeping: which sequence owns which preallocated cache slot, and for how long.
+"""KV-slot bookkeeping: which sequence owns which cache slot, and for how long.
 
 A slot is taken at a sequence's START, looked up on every step, and freed at END, or when the sequence has
-been idle longer than `idle_timeout_s` (a client that vanished must not hold a slot forever).
+been idle longer than `idle_timeout_s` (a client that vanished must not hold a slot forever). A slot is an
+index into the runtime's block tables (specdec.kv_memory): `on_release` gives its KV blocks back.
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ class SlotEntry:
 
 
 class SlotTable:
-    def __init__(self, num_slots: int, idle_timeout_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, num_slots: int, idle_timeout_s: float, clock: Callable[[], float] = time.monotonic,
+                 on_release: Callable[[int], None] = lambda slot: None) -> None:
         if num_slots < 1:
             raise ValueError("num_slots must be >= 1")
         self.num_slots = num_slots
         self.idle_timeout_s = idle_timeout_s
         self._clock = clock
+        self._on_release = on_release
         self._free = list(range(num_slots - 1, -1, -1))
         self._entries: dict[int, SlotEntry] = {}
 
@@ -59,6 +62,7 @@ class SlotTable:
         entry = self._entries.pop(sequence_id, None)
         if entry is None:
             return False
+        self._on_release(entry.slot)
         self._free.append(entry.slot)
         return True
 

@@ -50,6 +50,16 @@ class DraftModelDrafter:
             want_logits=want_probs,
         ))
 
+    async def prefill(self, tokens: list[int]) -> None:
+        """Write the rows of `tokens` past the valid ones without proposing (a chunk of a long prompt)."""
+        start = not self.started
+        self.started = True
+        result = await self.backend.draft_step(StepRequest(
+            self.sequence_id, past_length=self.valid, input_ids=np.asarray(tokens[self.valid:]), start=start))
+        if result.error is not None:
+            raise RuntimeError(f"draft_model: {result.error}")
+        self.valid = len(tokens)
+
     def verified(self, accepted: int) -> None:
         """After verification: a chain's rows up to the first rejected token stay valid (its last token
         was never fed); a tree's rows are scratch and the accepted tokens come back as catch-up input."""

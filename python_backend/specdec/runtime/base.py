@@ -1,8 +1,10 @@
-"""The runtime interface: one batched decoder forward over a static, slotted KV cache.
+"""The runtime interface: one batched decoder forward over a paged KV cache.
 
-A runtime owns the KV cache of `num_slots` sequences, each up to `max_length` tokens. It knows nothing of
-sequences or requests: the engine (specdec.engines) maps sequences to slots and lengths. Torch, ONNX Runtime
-and TensorRT runtimes implement this same interface so one model.py serves all three.
+A runtime owns the KV cache of `num_slots` sequences, each up to `max_length` tokens, as a pool of blocks
+(specdec.kv_memory.BlockPool): a slot holds only the blocks of the rows it uses. It knows nothing of
+sequences or requests: the engine (specdec.engines) maps sequences to slots and lengths and resizes their
+blocks. Torch, ONNX Runtime and TensorRT runtimes implement this same interface so one model.py serves all
+three.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
+
+from specdec.kv_memory import DEFAULT_BLOCK_SIZE, BlockPool, blocks_for
 
 
 @dataclass
@@ -46,12 +50,55 @@ class ForwardItem:
         return self.first_row + self.num_tokens
 
 
+def make_pool(num_slots: int, max_length: int, num_blocks: int | None, block_size: int | None) -> BlockPool:
+    """The block pool of a runtime; `num_blocks` None: room for every slot at full length (the old static
+    cache's capacity, what tools and tests that drive a runtime directly expect)."""
+    block_size = block_size or DEFAULT_BLOCK_SIZE
+    return BlockPool(num_blocks or num_slots * blocks_for(max_length, block_size), block_size, num_slots)
+
+
 class DecoderRuntime(ABC):
-    """A decoder with a preallocated slotted KV cache."""
+    """A decoder with a paged KV cache: `kv` holds the block tables, the subclass the arrays."""
 
     vocab_size: int
     num_slots: int
     max_length: int
+    kv: BlockPool
+
+    @property
+    @abstractmethod
+    def kv_cache_bytes(self) -> int:
+        """Bytes of the whole pool (allocated at load)."""
+
+    @property
+    def kv_bytes_per_block(self) -> int:
+        return self.kv_cache_bytes // self.kv.num_blocks
+
+    @property
+    def kv_bytes_in_use(self) -> int:
+        return self.kv.blocks_in_use * self.kv_bytes_per_block
+
+    def resize_rows(self, slot: int, rows: int) -> None:
+        """Hold exactly the blocks of `rows` rows in `slot` (rows past them are dead: rollback by length);
+        raises CapacityError when the pool cannot grow."""
+        self.kv.resize(slot, rows)
+
+    def release(self, slot: int) -> None:
+        self.kv.release(slot)
+
+    def _grow_for(self, items: list[ForwardItem]) -> None:
+        """Give every item's slot the rows the forward writes (never shrinks)."""
+        for item in items:
+            if self.kv.rows_held(item.slot) < item.end_row:
+                self.kv.resize(item.slot, item.end_row)
+
+    def _write_rows(self, slots: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Physical rows of (slot, logical row) pairs."""
+        out = np.empty(len(rows), dtype=np.int64)
+        for slot in np.unique(slots):
+            where = slots == slot
+            out[where] = self.kv.physical_rows(int(slot), rows[where])
+        return out
 
     @abstractmethod
     def forward(self, items: list[ForwardItem]) -> list[np.ndarray]:

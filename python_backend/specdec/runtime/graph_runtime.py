@@ -1,9 +1,10 @@
 """The part shared by runtimes that run the exported decoder-step graph (onnxruntime, TensorRT).
 
-The runtime keeps the slotted KV cache as two arrays [layers, slots, kv_heads, max_length, head_dim]:
-numpy on the CPU for onnxruntime (so a serving process never imports torch), torch CUDA tensors for
-TensorRT (which overrides the few array hooks below). A forward lays the batch out (specdec.runtime.layout),
-gathers the context rows of its slots as `past_keys` / `past_values`, runs the graph
+The runtime keeps the paged KV cache (specdec.kv_memory) as two arrays [layers, kv_heads, pool rows,
+head_dim]: numpy on the CPU for onnxruntime (so a serving process never imports torch), torch CUDA tensors
+for TensorRT (which overrides the few array hooks below). A forward lays the batch out
+(specdec.runtime.layout), gathers the context rows of its slots through their block tables as
+`past_keys` / `past_values` [layers, batch, kv_heads, past, head_dim] (one gather), runs the graph
 (specdec.runtime.graph_contract names its inputs and outputs) and scatters the returned new rows into the
 slots. Subclasses only run the graph (`_run`) and may declare shape limits (`max_batch`,
 `max_step_tokens`): larger batches are split and long causal inputs chunked to fit. Indexing is the same
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from specdec.checkpoint import ModelSpec
-from specdec.runtime.base import DecoderRuntime, ForwardItem
+from specdec.runtime.base import DecoderRuntime, ForwardItem, make_pool
 from specdec.runtime.layout import plan_batch, split_for_limits
 
 NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
@@ -33,16 +34,19 @@ class SlottedGraphRuntime(DecoderRuntime):
     max_batch: int | None = None  # items per graph call (None: unlimited)
     max_step_tokens: int | None = None  # new tokens per item per graph call (None: unlimited)
 
-    def __init__(self, spec: ModelSpec, num_slots: int, max_length: int, dtype: Any, device: Any = "cpu") -> None:
+    def __init__(self, spec: ModelSpec, num_slots: int, max_length: int, dtype: Any, device: Any = "cpu",
+                 num_blocks: int | None = None, block_size: int | None = None) -> None:
         self.spec = spec
         self.vocab_size = spec.vocab_size
         self.num_slots = num_slots
         self.max_length = max_length
         self.dtype = dtype
         self.device = device
-        shape = (spec.num_layers, num_slots, spec.num_kv_heads, max_length, spec.head_dim)
+        self.kv = make_pool(num_slots, max_length, num_blocks, block_size)
+        shape = (spec.num_layers, spec.num_kv_heads, self.kv.num_rows, spec.head_dim)
         self.k_cache = self._zeros(shape)
         self.v_cache = self._zeros(shape)
+        self._heads = self._index(np.arange(spec.num_kv_heads)[None, :, None])
 
     # ---- array hooks (numpy) ----
     def _zeros(self, shape: tuple[int, ...]) -> Any:
@@ -58,13 +62,14 @@ class SlottedGraphRuntime(DecoderRuntime):
     def _mask(self, values: np.ndarray) -> Any:
         return values
 
-    def _gather(self, cache: Any, slots: Any, past: int) -> Any:
-        return np.ascontiguousarray(cache[:, slots, :, :past])
+    def _gather(self, cache: Any, rows: Any) -> Any:
+        """cache [L, H, R, D] at physical `rows` [B, 1, past] -> [L, B, H, past, D] (a copy)."""
+        return cache[:, self._heads, rows]
 
     def _new_rows(self, new: Any) -> Any:
-        """New KV [L, B, H, W, D] -> [B*W, L, H, D] in the cache's dtype."""
+        """New KV [L, B, H, W, D] -> [L, H, B*W, D] in the cache's dtype."""
         layers, batch, heads, width, dim = new.shape
-        return new.transpose(1, 3, 0, 2, 4).reshape(batch * width, layers, heads, dim).astype(self.dtype, copy=False)
+        return new.transpose(0, 2, 1, 3, 4).reshape(layers, heads, batch * width, dim).astype(self.dtype, copy=False)
 
     def _logits_to_numpy(self, logits: Any) -> np.ndarray:
         return np.asarray(logits, dtype=np.float32)
@@ -80,6 +85,7 @@ class SlottedGraphRuntime(DecoderRuntime):
     def forward(self, items: list[ForwardItem]) -> list[np.ndarray]:
         if not items:
             return []
+        self._grow_for(items)
         fits = (self.max_batch is None or len(items) <= self.max_batch) and (
             self.max_step_tokens is None or max(it.num_tokens for it in items) <= self.max_step_tokens
         )
@@ -96,20 +102,20 @@ class SlottedGraphRuntime(DecoderRuntime):
     def _forward_batch(self, items: list[ForwardItem]) -> list[np.ndarray]:
         plan = plan_batch(items, self.max_length, self.spec.sliding_window)
         past = max(1, int(plan.first_row.max()))
-        slots = self._index([item.slot for item in items])
+        rows = self._index(self.kv.gather_rows([item.slot for item in items], past)[:, None, :])
         feeds = {
             "input_ids": self._index(plan.ids),
             "position_ids": self._index(plan.positions),
             "attention_mask": self._mask(plan.concat_mask(past)),
-            "past_keys": self._gather(self.k_cache, slots, past),  # gathered: a copy
-            "past_values": self._gather(self.v_cache, slots, past),
+            "past_keys": self._gather(self.k_cache, rows),
+            "past_values": self._gather(self.v_cache, rows),
             "logit_rows": self._index(plan.logit_rows),
         }
         logits, new_keys, new_values = self._run(feeds)
-        # new rows [L, B, H, W, D] -> [B*W, L, H, D], then into (slot, row) of the cache.
-        src, slot, row = self._index(plan.write_src), self._index(plan.write_slot), self._index(plan.write_row)
+        # new rows [L, B, H, W, D] -> [L, H, B*W, D], the valid ones into their physical rows.
+        src, dst = self._index(plan.write_src), self._index(self._write_rows(plan.write_slot, plan.write_row))
         for cache, new in ((self.k_cache, new_keys), (self.v_cache, new_values)):
-            cache[:, slot, :, row] = self._new_rows(new)[src]  # indexed view: [R, L, H, D]
+            cache[:, :, dst] = self._new_rows(new)[:, :, src]
         return plan.split_logits(self._logits_to_numpy(logits))
 
     def move_rows(self, slot: int, src_rows: np.ndarray, dst_start: int) -> None:
@@ -117,7 +123,7 @@ class SlottedGraphRuntime(DecoderRuntime):
         dst_rows = np.arange(dst_start, dst_start + len(src_rows))
         if np.array_equal(src_rows, dst_rows):
             return
-        src, dst = self._index(src_rows), self._index(dst_rows)
+        src = self._index(self.kv.physical_rows(slot, src_rows))
+        dst = self._index(self.kv.physical_rows(slot, dst_rows))
         for cache in (self.k_cache, self.v_cache):
-            view = cache[:, slot]  # [L, H, M, D], a view
-            view[:, :, dst] = view[:, :, src]
+            cache[:, :, dst] = cache[:, :, src]

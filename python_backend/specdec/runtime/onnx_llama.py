@@ -99,6 +99,8 @@ class OnnxLlamaRuntime(SlottedGraphRuntime):
         onnx_path: str | Path | None = None,
         max_batch: int | None = None,
         max_step_tokens: int | None = None,
+        num_blocks: int | None = None,
+        block_size: int | None = None,
     ) -> None:
         import onnxruntime as ort
 
@@ -106,7 +108,7 @@ class OnnxLlamaRuntime(SlottedGraphRuntime):
             raise ValueError(f"the onnxruntime runtime runs {', '.join(NUMPY_DTYPES)} graphs, not {dtype!r}")
         spec = read_spec(model_dir)
         max_length = spec.served_length(max_length)
-        super().__init__(spec, num_slots, max_length, NUMPY_DTYPES[dtype], "cpu")
+        super().__init__(spec, num_slots, max_length, NUMPY_DTYPES[dtype], "cpu", num_blocks, block_size)
         self.onnx_path = Path(onnx_path) if onnx_path else resolve_onnx(model_dir, engine_dir, dtype)
         self.max_batch, self.max_step_tokens = max_batch, max_step_tokens
         options = ort.SessionOptions()

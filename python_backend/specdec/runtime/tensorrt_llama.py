@@ -198,7 +198,7 @@ class TensorRTLlamaRuntime(SlottedGraphRuntime):
     """DecoderRuntime over a TensorRT engine of the step graph, with torch CUDA tensors as buffers."""
 
     def __init__(self, model_dir: str | Path, engine_dir: str | Path, num_slots: int, max_length: int | None = None,
-                 device: str = "cuda") -> None:
+                 device: str = "cuda", num_blocks: int | None = None, block_size: int | None = None) -> None:
         engine_dir = Path(os.path.expandvars(str(engine_dir)))
         meta = EngineMetadata.load(engine_dir)  # before touching CUDA: a missing build fails clearly anywhere
         spec = read_spec(model_dir)
@@ -212,7 +212,7 @@ class TensorRTLlamaRuntime(SlottedGraphRuntime):
             torch_device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(torch_device)
         meta.check(model_dir, max_length, trt.__version__, device_capability(torch_device))
-        super().__init__(spec, num_slots, max_length, meta.dtype, torch_device)
+        super().__init__(spec, num_slots, max_length, meta.dtype, torch_device, num_blocks, block_size)
         self.meta = meta
         self.max_batch, self.max_step_tokens = meta.limits
         self._logger = trt.Logger(trt.Logger.WARNING)
@@ -242,12 +242,12 @@ class TensorRTLlamaRuntime(SlottedGraphRuntime):
     def _mask(self, values: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(values).to(self.device)
 
-    def _gather(self, cache: torch.Tensor, slots: torch.Tensor, past: int) -> torch.Tensor:
-        return cache[:, slots, :, :past].contiguous()
+    def _gather(self, cache: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        return cache[:, self._heads, rows].contiguous()
 
     def _new_rows(self, new: torch.Tensor) -> torch.Tensor:
         layers, batch, heads, width, dim = new.shape
-        return new.permute(1, 3, 0, 2, 4).reshape(batch * width, layers, heads, dim).to(self.dtype)
+        return new.permute(0, 2, 1, 3, 4).reshape(layers, heads, batch * width, dim).to(self.dtype)
 
     def _logits_to_numpy(self, logits: torch.Tensor) -> np.ndarray:
         return logits.float().cpu().numpy()

@@ -1,9 +1,11 @@
-"""A Llama-style decoder in plain torch with a static slotted KV cache (gpt-fast style).
+"""A Llama-style decoder in plain torch over a paged KV cache (specdec.kv_memory).
 
 Loads a Hugging Face checkpoint of any supported family (specdec.families: biases, q/k norms, sliding
 window and rotary tables come from its spec), runs in fp32 on CPU by default (or any torch device/dtype), batches
 several sequences with different cache lengths into one padded forward, and supports tree attention
-masks. Rollback is free: the engine simply passes a shorter `past_length` next time.
+masks. Rollback is free: the engine simply passes a shorter `past_length` next time. Each layer's cache is
+one [kv_heads, pool rows, head_dim] tensor per K and V; a forward gathers its slots' rows through their
+block tables.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.checkpoint import ModelSpec, load_state_dict, read_proposal_vocab, read_spec
-from specdec.runtime.base import DecoderRuntime, ForwardItem
+from specdec.runtime.base import DecoderRuntime, ForwardItem, make_pool
 from specdec.runtime.layout import plan_batch
 
 
@@ -103,7 +105,10 @@ class TorchLlamaRuntime(DecoderRuntime):
         dtype: torch.dtype = torch.float32,
         device: str = "cpu",
         num_threads: int | None = None,
+        num_blocks: int | None = None,
+        block_size: int | None = None,
     ) -> None:
+        """`num_blocks` blocks of `block_size` rows make the KV pool (None: every slot at full length)."""
         if num_threads:
             torch.set_num_threads(num_threads)
         self.spec = read_spec(model_dir)
@@ -115,7 +120,8 @@ class TorchLlamaRuntime(DecoderRuntime):
         self.weights = LlamaWeights(self.spec, load_state_dict(model_dir), dtype, device,
                                     read_proposal_vocab(model_dir, self.spec.vocab_size))
         s = self.spec
-        cache_shape = (num_slots, s.num_kv_heads, self.max_length, s.head_dim)
+        self.kv = make_pool(num_slots, self.max_length, num_blocks, block_size)
+        cache_shape = (s.num_kv_heads, self.kv.num_rows, s.head_dim)
         self.k_cache = [torch.zeros(cache_shape, dtype=dtype, device=device) for _ in range(s.num_layers)]
         self.v_cache = [torch.zeros(cache_shape, dtype=dtype, device=device) for _ in range(s.num_layers)]
         cos, sin = s.rope_tables(self.max_length)
@@ -133,8 +139,7 @@ class TorchLlamaRuntime(DecoderRuntime):
         return (
             as_long(plan.ids),
             as_long(plan.positions),
-            as_long(plan.write_slot),
-            as_long(plan.write_row),
+            as_long(self._write_rows(plan.write_slot, plan.write_row)),
             as_long(plan.write_src),
             torch.as_tensor(plan.cache_mask()[:, None], device=self.device),
             plan,
@@ -145,10 +150,15 @@ class TorchLlamaRuntime(DecoderRuntime):
         if not items:
             return []
         s, w = self.spec, self.weights
-        ids, positions, write_slot, write_row, write_src, mask, plan = self._layout(items)
+        self._grow_for(items)
+        ids, positions, write_rows, write_src, mask, plan = self._layout(items)
         total = plan.total
         batch, width = ids.shape
-        slots = torch.as_tensor([item.slot for item in items], dtype=torch.long, device=self.device)
+        # [B, 1, total] physical rows of each slot's first `total` rows, against [1, H, 1] heads: one gather
+        # of every layer's keys straight into the [B, H, total, D] layout attention wants.
+        gather_rows = torch.as_tensor(self.kv.gather_rows([item.slot for item in items], total),
+                                      device=self.device)[:, None, :]
+        heads = torch.arange(s.num_kv_heads, device=self.device)[None, :, None]
         cos = self.rope_cos[positions][:, None]  # [B, 1, W, D]
         sin = self.rope_sin[positions][:, None]
         q_size = s.num_heads * s.head_dim
@@ -169,10 +179,10 @@ class TorchLlamaRuntime(DecoderRuntime):
             # Scatter the valid new rows into the cache, then attend over each slot's first `total` rows.
             k_new = k.transpose(1, 2).reshape(batch * width, s.num_kv_heads, s.head_dim)[write_src]
             v_new = v.transpose(1, 2).reshape(batch * width, s.num_kv_heads, s.head_dim)[write_src]
-            k_cache[write_slot, :, write_row] = k_new
-            v_cache[write_slot, :, write_row] = v_new
-            keys = k_cache[slots, :, :total]
-            values = v_cache[slots, :, :total]
+            k_cache[:, write_rows] = k_new.transpose(0, 1)
+            v_cache[:, write_rows] = v_new.transpose(0, 1)
+            keys = k_cache[heads, gather_rows]
+            values = v_cache[heads, gather_rows]
             attn = F.scaled_dot_product_attention(
                 q, keys, values, attn_mask=mask, scale=1.0 / math.sqrt(s.head_dim),
                 enable_gqa=s.num_heads != s.num_kv_heads,
@@ -192,9 +202,11 @@ class TorchLlamaRuntime(DecoderRuntime):
 
     @torch.inference_mode()
     def move_rows(self, slot: int, src_rows: np.ndarray, dst_start: int) -> None:
-        src = torch.as_tensor(np.asarray(src_rows), dtype=torch.long, device=self.device)
-        dst = torch.arange(dst_start, dst_start + len(src_rows), device=self.device)
-        if torch.equal(src, dst):
+        src_rows = np.asarray(src_rows, dtype=np.int64)
+        dst_rows = np.arange(dst_start, dst_start + len(src_rows))
+        if np.array_equal(src_rows, dst_rows):
             return
+        src = torch.as_tensor(self.kv.physical_rows(slot, src_rows), device=self.device)
+        dst = torch.as_tensor(self.kv.physical_rows(slot, dst_rows), device=self.device)
         for cache in self.k_cache + self.v_cache:
-            cache[slot, :, dst] = cache[slot, :, src]
+            cache[:, dst] = cache[:, src]
