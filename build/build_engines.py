@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 from render_configs import DECODERS
 from specdec.checkpoint import UnsupportedCheckpoint, read_spec
-from specdec.runtime.graph_contract import INPUTS, ONNX_FILE, checkpoint_fingerprint
+from specdec.runtime.graph_contract import DEFAULT_PRECISION, INPUTS, ONNX_FILE, checkpoint_fingerprint
 from specdec.runtime.onnx_llama import export_is_current
 from specdec.runtime.step_graph import export_decoder
 from specdec.runtime.tensorrt_llama import (
@@ -46,7 +46,7 @@ from specdec.runtime.tensorrt_llama import (
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULTS = {"precision": "fp16", "max_prefill_tokens": 512, "workspace_gib": 4.0, "optimization_level": 3}
+DEFAULTS = {"precision": DEFAULT_PRECISION, "max_prefill_tokens": 512, "workspace_gib": 4.0, "optimization_level": 3}
 
 
 @dataclass

@@ -9,12 +9,16 @@ format, so whatever this writes is schema-valid by construction. Usage:
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 from google.protobuf import text_format
+from specdec.generation import DEFAULT_PREFILL_CHUNK
+from specdec.kv_memory import DEFAULT_BLOCK_SIZE
+from specdec.runtime.graph_contract import DEFAULT_PRECISION, PRECISIONS
 from specdec_triton import contract as c
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -52,10 +56,34 @@ def _params(cfg: mc.ModelConfig, **values: Any) -> None:
         cfg.parameters[key].string_value = str(value)
 
 
+def _runtime_of(name: str, dep: dict) -> str:
+    return dep["models"][name].get("runtime", dep.get("runtime", "torch"))
+
+
+def kv_dtype(name: str, dep: dict) -> str:
+    """The KV cache's element type in decoder `name`: fp32 in the CPU runtimes, the engine's precision in
+    TensorRT."""
+    if _runtime_of(name, dep) != "tensorrt":
+        return "float32"
+    settings = {**dep.get("tensorrt", {}), **dep["models"][name].get("tensorrt", {})}
+    return PRECISIONS[settings.get("precision", DEFAULT_PRECISION)]
+
+
+def kv_pool(dep: dict) -> str:
+    """The `kv_pool` parameter (specdec.kv_memory.KVPoolConfig): the pair's budget, its block size and each
+    decoder's folder (relative to a model's folder of the repository) and KV dtype."""
+    kv = dep["kv_cache"]
+    return json.dumps({
+        "budget_bytes": int(kv["budget_bytes"]),
+        "block_size": int(kv.get("block_size", DEFAULT_BLOCK_SIZE)),
+        "models": [{"dir": f"../{name}/1", "dtype": kv_dtype(name, dep)} for name in DECODERS],
+    }, separators=(",", ":"))
+
+
 def decoder_config(name: str, role: str, dep: dict) -> mc.ModelConfig:
     model = dep["models"][name]
     kv = dep["kv_cache"]
-    runtime = model.get("runtime", dep.get("runtime", "torch"))
+    runtime = _runtime_of(name, dep)
     instance_kind = model.get("kind", "KIND_CPU")
     if instance_kind not in RUNTIME_KINDS.get(runtime, ()):
         raise ValueError(f"{name}: runtime {runtime!r} cannot run on {instance_kind} (runtimes: {RUNTIME_KINDS})")
@@ -82,6 +110,7 @@ def decoder_config(name: str, role: str, dep: dict) -> mc.ModelConfig:
         device=model.get("device", "cuda" if instance_kind == "KIND_GPU" else "cpu"),
         num_slots=num_slots,
         max_length=kv["max_length"],
+        kv_pool=kv_pool(dep),
         idle_timeout_s=kv["idle_timeout_s"],
         num_threads=model.get("num_threads", 1),
     )
@@ -98,9 +127,12 @@ def speculative_config(dep: dict) -> mc.ModelConfig:
     _params(
         cfg,
         tokenizer_dir="../target_model/1",
+        # Capped at load by both models' context and the KV pool (specdec.kv_memory.KVPoolConfig).
         max_context_length=kv["max_length"],
+        kv_pool=kv_pool(dep),
         max_concurrent_sequences=kv["num_slots"],
         max_tokens_limit=limits["max_tokens"],
+        prefill_chunk_tokens=limits.get("prefill_chunk_tokens", DEFAULT_PREFILL_CHUNK),
         max_draft_tokens=limits["max_draft_tokens"],
         max_candidates=limits["max_candidates"],
         profiles_file=dep["speculation"]["profiles_file"],

@@ -177,11 +177,14 @@ def dashboard() -> dict[str, Any]:
                         (f"sum(rate({m.VERIFICATION_PASSES.name}{{{SPEC}}}[{WINDOW}]))", "verification passes"),
                         (f"sum(rate({m.TARGET_CALLS.name}{{{SPEC}}}[{WINDOW}]))", "target calls"),
                         (f"sum(rate({m.DRAFT_CALLS.name}{{{SPEC}}}[{WINDOW}]))", "draft calls")], "short"), w=8)
-    lay.add(timeseries("Generations in flight and KV slots", "Requests generating now, and KV-cache slots held / "
-                       "preallocated per decoder instance.",
+    lay.add(timeseries("Generations in flight and KV slots", "Requests generating now; sequence slots and KV blocks "
+                       "held by live sequences / in each decoder instance's pool.",
                        [(f"sum({m.ACTIVE_REQUESTS.name}{{{SERVER}}})", "generating"),
                         (f"sum by (model) ({m.KV_SLOTS_IN_USE.name}{{{SERVER}}})", "slots in use {{model}}"),
-                        (f"sum by (model) ({m.KV_SLOTS.name}{{{SERVER}}})", "slots {{model}}")], "short", min=0), w=8)
+                        (f"sum by (model) ({m.KV_SLOTS.name}{{{SERVER}}})", "slots {{model}}"),
+                        (f"sum by (model) ({m.KV_BLOCKS_IN_USE.name}{{{SERVER}}})", "KV blocks in use {{model}}"),
+                        (f"sum by (model) ({m.KV_BLOCKS.name}{{{SERVER}}})", "KV blocks {{model}}")], "short", min=0),
+            w=8)
 
     lay.row("Tier 3 · resources: CPU, GPU, memory")
     lay.add(timeseries("CPU utilisation (Triton)", "nv_cpu_utilization: the host's CPU load as Triton sees it.",
@@ -195,7 +198,8 @@ def dashboard() -> dict[str, Any]:
                        [(f"sum by (model) ({m.RESIDENT_MEMORY.name}{{{SERVER}}})", "RSS {{model}}"),
                         (f"sum by (model) ({m.PROPORTIONAL_MEMORY.name}{{{SERVER}}})", "PSS {{model}}"),
                         (f"sum by (model) ({m.UNIQUE_MEMORY.name}{{{SERVER}}})", "USS {{model}}"),
-                        (f"sum by (model) ({m.KV_CACHE_BYTES.name}{{{SERVER}}})", "KV cache {{model}}")], "bytes",
+                        (f"sum by (model) ({m.KV_CACHE_BYTES.name}{{{SERVER}}})", "KV pool {{model}}"),
+                        (f"sum by (model) ({m.KV_BYTES_IN_USE.name}{{{SERVER}}})", "KV in use {{model}}")], "bytes",
                        min=0))
     lay.add(timeseries("GPU utilisation (Triton, GPU servers)", "nv_gpu_utilization per GPU.",
                        [(f"nv_gpu_utilization{{{SERVER}}}", "{{gpu_uuid}}")], "percentunit", min=0, max=1))

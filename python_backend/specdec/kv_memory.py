@@ -19,7 +19,9 @@ Plain Python and numpy: the runtimes map rows with it (numpy index arrays), no t
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -62,6 +64,51 @@ def pair_pool_blocks(budget_bytes: int, block_size: int, models: list[PoolModel]
         raise ValueError(f"a KV budget of {budget_bytes} bytes holds no block of {block_size} tokens "
                          f"({per_block} bytes for the pair)")
     return int(blocks)
+
+
+@dataclass(frozen=True)
+class KVPoolConfig:
+    """The deployment's KV budget for a target/draft pair, as build/render_configs.py writes it into the
+    `kv_pool` parameter of target_model, draft_model and speculative_decoding (JSON: budget_bytes,
+    block_size, models: [{dir, dtype}] with dirs relative to the model repository's model folder). All
+    three compute the same `num_blocks`: each decoder allocates that many blocks of its own shape, and
+    admission reserves them."""
+
+    budget_bytes: int
+    block_size: int
+    model_dirs: tuple[Path, ...]
+    dtypes: tuple[str, ...]
+
+    @classmethod
+    def from_json(cls, text: str, models_root: str | Path) -> KVPoolConfig:
+        data = json.loads(text)
+        models = data["models"]
+        for model in models:
+            if model["dtype"] not in DTYPE_BYTES:
+                raise ValueError(f"kv_pool: dtype {model['dtype']!r} is not one of {', '.join(DTYPE_BYTES)}")
+        return cls(int(data["budget_bytes"]), int(data.get("block_size", DEFAULT_BLOCK_SIZE)),
+                   tuple((Path(models_root) / model["dir"]).resolve() for model in models),
+                   tuple(model["dtype"] for model in models))
+
+    def pool_models(self) -> list[PoolModel]:
+        from specdec.checkpoint import read_spec
+
+        models = []
+        for folder, dtype in zip(self.model_dirs, self.dtypes, strict=True):
+            spec = read_spec(folder)
+            models.append(PoolModel(spec.num_layers, spec.num_kv_heads, spec.head_dim, DTYPE_BYTES[dtype]))
+        return models
+
+    def num_blocks(self) -> int:
+        return pair_pool_blocks(self.budget_bytes, self.block_size, self.pool_models())
+
+    def served_context(self, requested: int | None) -> int:
+        """The context served to a generation: `requested` capped by every model of the pair
+        (ModelSpec.served_length) and by the rows the pool holds."""
+        from specdec.checkpoint import read_spec
+
+        lengths = [read_spec(folder).served_length(requested) for folder in self.model_dirs]
+        return min(*lengths, self.num_blocks() * self.block_size)
 
 
 class BlockPool:

@@ -112,7 +112,12 @@ ACTIVE_REQUESTS = MetricSpec("specdec_active_requests", "gauge",
 # ---- tier 3: resources (reported by every model process that wires them) ----
 KV_SLOTS_IN_USE = MetricSpec("specdec_kv_slots_in_use", "gauge", "KV-cache slots held by live sequences.", _PROC)
 KV_SLOTS = MetricSpec("specdec_kv_slots", "gauge", "KV-cache slots preallocated in the instance.", _PROC)
-KV_CACHE_BYTES = MetricSpec("specdec_kv_cache_bytes", "gauge", "Bytes of the preallocated KV cache.", _PROC)
+KV_CACHE_BYTES = MetricSpec("specdec_kv_cache_bytes", "gauge", "Bytes of the KV pool (the budget, allocated at load).",
+                            _PROC)
+KV_BLOCKS = MetricSpec("specdec_kv_blocks", "gauge", "KV blocks in the instance's pool.", _PROC)
+KV_BLOCKS_IN_USE = MetricSpec("specdec_kv_blocks_in_use", "gauge", "KV blocks held by live sequences.", _PROC)
+KV_BYTES_IN_USE = MetricSpec("specdec_kv_bytes_in_use", "gauge", "Bytes of the KV blocks held by live sequences.",
+                             _PROC)
 RESIDENT_MEMORY = MetricSpec("specdec_resident_memory_bytes", "gauge",
                              "Resident set size (RSS) of the model instance's process.", _PROC)
 PROPORTIONAL_MEMORY = MetricSpec("specdec_proportional_memory_bytes", "gauge",
@@ -125,7 +130,8 @@ UNIQUE_MEMORY = MetricSpec("specdec_unique_memory_bytes", "gauge",
 ALL_METRICS = (
     REQUESTS, OUTPUT_TOKENS, DRAFT_TOKENS, ACCEPTED_DRAFT_TOKENS, ACCEPTED_BY_POSITION, VERIFICATION_PASSES,
     TARGET_CALLS, DRAFT_CALLS, ERRORS, TTFT, ITL, DURATION, ACCEPTANCE_RATE, MEAN_ACCEPTED_LENGTH,
-    SPECULATION_LENGTH, FALLBACK_ACTIVE, ACTIVE_REQUESTS, KV_SLOTS_IN_USE, KV_SLOTS, KV_CACHE_BYTES,
+    SPECULATION_LENGTH, FALLBACK_ACTIVE, ACTIVE_REQUESTS, KV_SLOTS_IN_USE, KV_SLOTS, KV_CACHE_BYTES, KV_BLOCKS,
+    KV_BLOCKS_IN_USE, KV_BYTES_IN_USE,
     RESIDENT_MEMORY, PROPORTIONAL_MEMORY, UNIQUE_MEMORY,
 )
 BY_NAME = {spec.name: spec for spec in ALL_METRICS}
@@ -370,7 +376,8 @@ class ProcessMetrics:
 
     def __init__(self, sink: MetricSink, model: str, instance: str,
                  gauges: Mapping[MetricSpec, Callable[[], float]] | None = None, num_slots: int | None = None,
-                 kv_cache_bytes: int | None = None, interval_s: float = GAUGE_INTERVAL_S,
+                 kv_cache_bytes: int | None = None, kv_blocks: int | None = None,
+                 interval_s: float = GAUGE_INTERVAL_S,
                  memory_every: int = MEMORY_EVERY, background: bool = True) -> None:
         self.sink = sink
         self.labels = {MODEL: model, INSTANCE: instance}
@@ -384,6 +391,8 @@ class ProcessMetrics:
             sink.set(KV_SLOTS, self.labels, num_slots)
         if kv_cache_bytes is not None:
             sink.set(KV_CACHE_BYTES, self.labels, kv_cache_bytes)
+        if kv_blocks is not None:
+            sink.set(KV_BLOCKS, self.labels, kv_blocks)
         self.publish()
         if background:
             threading.Thread(target=self._run, name="specdec-metrics", daemon=True).start()

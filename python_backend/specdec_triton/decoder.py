@@ -1,7 +1,8 @@
 """The Triton adapter of `target_model` and `draft_model`: tensors in, engine step, tensors out.
 
 Both are sequence-batched Python models: Triton delivers START/END/CORRID controls and groups steps of
-different sequences into one execute(), which the engine serves with one padded forward.
+different sequences into one execute(), which the engine serves with one padded forward. The KV pool's size
+comes from the deployment's budget for the pair (`kv_pool`, specdec.kv_memory.KVPoolConfig).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from specdec.engines import DraftEngine, StepRequest, StepResult, TargetEngine
 from specdec.errors import InvalidRequestError
-from specdec.metrics import KV_SLOTS_IN_USE, ProcessMetrics
+from specdec.kv_memory import KVPoolConfig
+from specdec.metrics import KV_BLOCKS_IN_USE, KV_BYTES_IN_USE, KV_SLOTS_IN_USE, ProcessMetrics
 from specdec.runtime import build_runtime
 from specdec.sampling import SamplingParams
 
@@ -71,19 +73,23 @@ class DecoderModel:
         device = params.get("device", "cpu")
         if device == "cuda" and args.get("model_instance_kind") == "GPU":  # the GPU of this instance (`gpus`)
             device = f"cuda:{args['model_instance_device_id']}"
+        pool = KVPoolConfig.from_json(params["kv_pool"], args["model_repository"]) if "kv_pool" in params else None
         runtime = build_runtime(
             params.get("runtime", "torch"), model_dir(args), num_slots=int(params["num_slots"]),
             max_length=int(params["max_length"]), device=device,
             num_threads=int(params.get("num_threads", 1)), engine_dir=params.get("engine_dir"),
+            num_blocks=pool.num_blocks() if pool else None, block_size=pool.block_size if pool else None,
         )
         engine_class = DraftEngine if params["role"] == "draft" else TargetEngine
         self.engine = engine_class(runtime, idle_timeout_s=float(params["idle_timeout_s"]))
         self.metric_sink = TritonMetricSink()
         engine = self.engine
         self.metrics = ProcessMetrics(self.metric_sink, args["model_name"], args["model_instance_name"],
-                                      gauges={KV_SLOTS_IN_USE: lambda: engine.slots_in_use},
-                                      num_slots=runtime.num_slots,
-                                      kv_cache_bytes=getattr(runtime, "kv_cache_bytes", None))
+                                      gauges={KV_SLOTS_IN_USE: lambda: engine.slots_in_use,
+                                              KV_BLOCKS_IN_USE: lambda: engine.kv_blocks_in_use,
+                                              KV_BYTES_IN_USE: lambda: engine.kv_bytes_in_use},
+                                      num_slots=runtime.num_slots, kv_cache_bytes=runtime.kv_cache_bytes,
+                                      kv_blocks=runtime.kv.num_blocks)
 
     def execute(self, requests: list) -> list:
         responses: list[Any] = [None] * len(requests)

@@ -209,3 +209,34 @@ def test_cancelled_and_finished_generations_leave_no_kv_memory(tiny_pair):
     assert finished == 20 and 2 <= cancelled < 30 and cancelled_in_prefill == 0
     assert target.kv_blocks_in_use == 0 and draft.kv_blocks_in_use == 0
     assert target.slots_in_use == 0 and draft.slots_in_use == 0
+
+
+def test_the_deployment_budget_reaches_every_model_and_caps_the_context(tmp_path):
+    """cpu.yaml's budget, rendered as `kv_pool`, gives SmolLM2-135M and its 1-layer draft 16,912 tokens."""
+    import json
+    import sys
+    from pathlib import Path
+
+    import yaml
+    from specdec.kv_memory import KVPoolConfig
+
+    repo = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(repo / "build"))
+    import render_configs
+
+    configs = render_configs.render(yaml.safe_load((repo / "build/deployments/cpu.yaml").read_text()))
+    pools = {name: configs[name].parameters["kv_pool"].string_value
+             for name in ("target_model", "draft_model", "speculative_decoding")}
+    assert len(set(pools.values())) == 1
+    smollm2 = {"model_type": "llama", "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
+               "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+               "max_position_embeddings": 8192}
+    for name, layers in (("target_model", 30), ("draft_model", 1)):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "1" / "config.json").write_text(json.dumps({**smollm2, "num_hidden_layers": layers}))
+    pool = KVPoolConfig.from_json(pools["target_model"], tmp_path / "speculative_decoding")
+    assert pool.num_blocks() * pool.block_size == 16_912
+    assert pool.served_context(8192) == 8192 and pool.served_context(None) == 8192
+    small = KVPoolConfig(pool.num_blocks() // 4 * pool.budget_bytes // pool.num_blocks(), pool.block_size,
+                         pool.model_dirs, pool.dtypes)
+    assert small.served_context(8192) == small.num_blocks() * pool.block_size < 8192  # the pool caps it

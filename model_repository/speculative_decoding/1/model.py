@@ -18,7 +18,8 @@ from specdec.config import SpeculationConfig, resolve
 from specdec.detokenize import IncrementalDetokenizer
 from specdec.errors import DeadlineExceededError, InvalidRequestError
 from specdec.fallback import FallbackMonitor
-from specdec.generation import GenerationRequest, GenerationStats, SpeculativeGenerator
+from specdec.generation import DEFAULT_PREFILL_CHUNK, GenerationRequest, GenerationStats, SpeculativeGenerator
+from specdec.kv_memory import DEFAULT_BLOCK_SIZE, KVPoolConfig
 from specdec.liveness import AbandonedGenerations, StopCheck, generation_deadline_s
 from specdec.metrics import ACTIVE_REQUESTS, UNKNOWN_TASK, GenerationMetrics, ProcessMetrics, RequestTimer
 from specdec.params import RequestOptions, ServerLimits, parse_request
@@ -73,8 +74,13 @@ class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         params = model_parameters(args)
         self.tokenizer = TextTokenizer(tokenizer_dir(args, params))
+        # The context served: the deployment's cap, both models' own context and the KV pool's rows.
+        pool = KVPoolConfig.from_json(params["kv_pool"], args["model_repository"]) if "kv_pool" in params else None
+        context = int(params["max_context_length"])
+        if pool is not None:
+            context = pool.served_context(context)
         self.limits = ServerLimits(
-            max_tokens_limit=int(params["max_tokens_limit"]),
+            max_tokens_limit=min(int(params["max_tokens_limit"]), context - 1),
             max_draft_tokens=int(params["max_draft_tokens"]),
             max_candidates=int(params["max_candidates"]),
             exclude_input_in_output=params.get("default_exclude_input_in_output", "false").lower() == "true",
@@ -82,11 +88,15 @@ class TritonPythonModel:
         self.speculation = SpeculationConfig.load(model_dir(args) / params["profiles_file"])
         # Shared by this instance's requests: fallback state per task, and the measured call costs.
         monitors = {task: FallbackMonitor(task, self.speculation.fallback) for task in self.speculation.profiles}
-        self.generator = SpeculativeGenerator(BlsModelBackend(), int(params["max_context_length"]),
-                                              costs=CostModel(), monitors=monitors)
-        # At most as many live generations as KV slots: the rest wait here (bounded), not inside the decoders.
+        self.generator = SpeculativeGenerator(
+            BlsModelBackend(), context, costs=CostModel(), monitors=monitors,
+            prefill_chunk=int(params.get("prefill_chunk_tokens", DEFAULT_PREFILL_CHUNK)))
+        # At most as many live generations as KV slots, each with the KV blocks of its prompt + max_tokens
+        # reserved: the rest wait here (bounded), never inside the decoders.
         self.admission = Admission(int(params["max_concurrent_sequences"]), int(params["max_queued_generations"]),
-                                   float(params["queue_timeout_s"]))
+                                   float(params["queue_timeout_s"]),
+                                   kv_blocks=pool.num_blocks() if pool else None,
+                                   block_size=pool.block_size if pool else DEFAULT_BLOCK_SIZE)
         self.max_generation_s = float(params["max_generation_s"])
         self.abandoned = AbandonedGenerations.for_this_server()  # marked by postprocessing (specdec.liveness)
         self.metric_sink = TritonMetricSink()
@@ -121,7 +131,7 @@ class TritonPythonModel:
                                            settings=settings, sampling=options.sampling)
             self.generator.validate(generation)
             deadline_s = generation_deadline_s(self.max_generation_s, request.timeout())
-            async with self.admission.slot(sender.is_cancelled):
+            async with self.admission.slot(sender.is_cancelled, rows=generation.rows_needed):
                 self.metrics.begin_generation()
                 try:
                     reason = await self._generate(sender, generation, options, timer, deadline_s)

@@ -25,13 +25,12 @@ import numpy as np
 import torch
 
 from specdec.checkpoint import ModelSpec, read_spec
-from specdec.runtime.graph_contract import INPUTS, OUTPUTS, checkpoint_fingerprint
+from specdec.runtime.graph_contract import INPUTS, OUTPUTS, PRECISIONS, checkpoint_fingerprint
 from specdec.runtime.graph_runtime import SlottedGraphRuntime
 
 ENGINE_FILE = "model.plan"
 METADATA_FILE = "model.json"
 METADATA_FORMAT = 1
-PRECISIONS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # build flag -> graph dtype
 GRAPH_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
