@@ -97,8 +97,8 @@ class Admission:
             while not waiter.granted.done():
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise CapacityError(f"server busy: no KV slot or memory became free within "
-                                        f"{self.timeout_s:g} s; retry later")
+                    raise CapacityError(f"server busy: no KV slot became free within {self.timeout_s:g} s "
+                                        "(a sequence slot and the KV memory of prompt + max_tokens); retry later")
                 if is_cancelled():
                     raise CancelledWhileQueued("the request was cancelled while waiting for a KV slot")
                 await asyncio.wait({waiter.granted}, timeout=min(self.poll_s, left))  # never cancels `granted`
