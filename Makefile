@@ -8,6 +8,8 @@ METRICS_PORT ?= 8002
 # The OpenAI-compatible endpoint that `make serve` starts beside tritonserver (0: none; docs/OPENAI.md).
 OPENAI_PORT ?= 9000
 export HTTP_PORT GRPC_PORT METRICS_PORT OPENAI_PORT
+# The repository `make serve` serves: the default pair, or one made by build/import_checkpoint.py --repo DIR.
+MODEL_REPOSITORY ?= model_repository
 
 .PHONY: setup onnx-exports serve test test-unit test-integration lint configs check-configs
 .PHONY: bench perf-analyzer genai-perf genai-perf-env genai-perf-openai bench-openai check-dashboard
@@ -18,10 +20,10 @@ setup:
 # The onnxruntime decoders export their ONNX graph on first load when it is missing or stale; doing it here
 # (seconds, skipped when current) keeps that work out of server start-up and test timeouts.
 onnx-exports: setup
-	@$(PY) build/export_onnx.py
+	@$(PY) build/export_onnx.py --model-repository $(MODEL_REPOSITORY)
 
 serve: setup onnx-exports
-	@exec $(PY) -m specdec_client.server
+	@exec $(PY) -m specdec_client.server --model-repository $(MODEL_REPOSITORY)
 
 test: setup onnx-exports
 	$(PY) -m pytest -q tests

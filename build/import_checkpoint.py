@@ -10,8 +10,13 @@ Checks before anything is copied:
 
 Only the Hugging Face files are copied into ``<repo>/target_model/1`` and ``<repo>/draft_model/1``;
 ``model.py`` and ``config.pbtxt`` there are left alone. Stale HF files of a previous pair are removed.
+A ``--repo`` folder that does not exist yet is made from this project's ``model_repository`` (its configs,
+``model.py`` files and profiles, no checkpoints), so a second deployment never edits the default one.
 
-Usage: ``python build/import_checkpoint.py --target DIR --draft DIR [--repo model_repository]``
+Either side may be a GGUF file instead of a folder: it is converted first (``build/gguf_convert.py``).
+
+Usage: ``python build/import_checkpoint.py --target DIR_OR_GGUF --draft DIR_OR_GGUF [--repo DIR]``, then
+``make serve MODEL_REPOSITORY=DIR``.
 """
 
 from __future__ import annotations
@@ -20,14 +25,20 @@ import argparse
 import json
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python_backend"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+TEMPLATE_REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
 
 HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-            "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
-            "proposal_vocab.json")  # the last one is ours: a draft's restricted output layer (build/draft_vocab.py)
+            "special_tokens_map.json", "chat_template.jinja", "tokenizer.model", "vocab.json", "merges.txt",
+            "added_tokens.json", "proposal_vocab.json")  # the last: a draft's restricted output layer (draft_vocab.py)
 WEIGHT_GLOBS = ("*.safetensors", "model.safetensors.index.json")
+# What a repository template copy leaves out: checkpoints, their exports, and generated files.
+NOT_SERVING = ("*.safetensors", "*.safetensors.index.json", "onnx", "__pycache__", "gguf_source.json", *HF_FILES)
 
 
 class IncompatibleCheckpoints(ValueError):
@@ -117,19 +128,45 @@ def install(src: Path, dst: Path) -> list[Path]:
     return copied
 
 
+def new_repository(repo: Path, template: Path = TEMPLATE_REPOSITORY) -> Path:
+    """Make ``repo`` from ``template``'s serving files (configs, model.py, profiles), without checkpoints."""
+    if repo.exists():
+        raise FileExistsError(f"{repo} already exists")
+    shutil.copytree(template, repo, ignore=shutil.ignore_patterns(*NOT_SERVING))
+    return repo
+
+
 def import_pair(target: Path, draft: Path, repo: Path) -> dict[str, list[Path]]:
-    """Check ``target`` and ``draft`` and copy them into ``repo``'s target_model/1 and draft_model/1."""
-    check_compatible(target, draft)
-    return {"target": install(target, repo / "target_model" / "1"),
-            "draft": install(draft, repo / "draft_model" / "1")}
+    """Check ``target`` and ``draft`` and copy them into ``repo``'s target_model/1 and draft_model/1.
+
+    ``repo`` is made from the project's model repository when it does not exist; GGUF files are converted.
+    """
+    with tempfile.TemporaryDirectory(prefix="specdec-gguf-") as scratch:
+        target, draft = (_as_folder(path, Path(scratch) / role) for path, role in ((target, "target"),
+                                                                                   (draft, "draft")))
+        check_compatible(target, draft)
+        if not repo.exists():
+            new_repository(repo)
+        return {"target": install(target, repo / "target_model" / "1"),
+                "draft": install(draft, repo / "draft_model" / "1")}
+
+
+def _as_folder(path: Path, scratch: Path) -> Path:
+    """A Hugging Face folder for ``path``: itself, or the conversion of a GGUF file into ``scratch``."""
+    if path.is_file() and path.suffix == ".gguf":
+        from gguf_convert import convert
+
+        return convert(path, scratch)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
     """Command line entry point."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", type=Path, required=True, help="Hugging Face folder of the target model")
-    ap.add_argument("--draft", type=Path, required=True, help="Hugging Face folder of the draft model")
-    ap.add_argument("--repo", type=Path, default=Path("model_repository"))
+    ap.add_argument("--target", type=Path, required=True, help="Hugging Face folder or GGUF file of the target")
+    ap.add_argument("--draft", type=Path, required=True, help="Hugging Face folder or GGUF file of the draft")
+    ap.add_argument("--repo", type=Path, default=Path("model_repository"),
+                    help="model repository to install into (made from model_repository/ when missing)")
     args = ap.parse_args(argv)
     try:
         done = import_pair(args.target, args.draft, args.repo)

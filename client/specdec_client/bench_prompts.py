@@ -120,6 +120,56 @@ def extract(corpora: Path, per_scenario: int, count_tokens) -> dict[str, list[di
     return out
 
 
+CHAT_PROMPTS_FILE = REPO_ROOT / "client" / "specdec_client" / "prompts" / "bench_chat.json"
+# Held-out chat requests: written for the benchmark, unlike any request build/chat_requests.py makes for
+# training (different wording, subjects and fields).
+CHAT_REQUESTS = {
+    "json": ["Produce a JSON object for a hotel booking: guest, nights, room_type, breakfast (a boolean).",
+             "Output a JSON list of three programming languages, each with name, year_created and typing.",
+             "I need JSON for a weather report with fields location, temperature_c, humidity and wind_kmh.",
+             "Describe a smartphone as JSON with brand, model, storage_gb, price_usd and colors (a list).",
+             "Create a JSON configuration for a web server: host, port, tls (an object) and routes (a list).",
+             "Represent a school class as JSON: teacher, room, and a list of four students with name and age.",
+             "Turn this into JSON: Maria, 34, nurse, lives in Porto, speaks Portuguese and English.",
+             "Give a JSON object for a flight with number, origin, destination, departure time and seats left."],
+    "code": ["Implement binary search in Python as a function that returns the index or -1.",
+             "Write a Python function that counts the words in a string and returns a dictionary.",
+             "Write a Python generator that yields the Fibonacci numbers below a limit.",
+             "Write a Python function to flatten a nested list of integers.",
+             "Write a Python function that validates an email address with a regular expression.",
+             "Write a Python class for a stack with push, pop, peek and is_empty methods.",
+             "Write a Python function that removes duplicate items from a list but keeps their order.",
+             "Write a Python script that prints the ten most common lines of a text file."],
+    "prose": ["Tell me about the history of tea in a few paragraphs.",
+              "Write a short story about a lost dog finding its way home.",
+              "Explain how a rainbow forms, for a curious ten-year-old.",
+              "Write a letter thanking a neighbour for help after a storm.",
+              "Describe what a day in the life of a lighthouse keeper might look like.",
+              "What are the benefits of walking every day? Write a few paragraphs.",
+              "Write a short essay about why people enjoy music.",
+              "Describe a busy train station in the morning."],
+}
+
+
+def chat_document(tokenizer_dir: Path) -> dict:
+    """bench.json's layout for the held-out chat requests, in the target's chat template."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    scenarios = {}
+    for name, (_, task, max_tokens) in SCENARIOS.items():
+        prompts = [{"id": f"chat-{name}/{i:02d}", "prompt": tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)}
+            for i, text in enumerate(CHAT_REQUESTS[name])]
+        scenarios[name] = {"task": task, "max_tokens": max_tokens, "prompts": prompts}
+    return {"about": "Held-out chat requests (client/specdec_client/bench_prompts.py CHAT_REQUESTS, never trained "
+                     "on) in the target's chat template. Made by `python -m specdec_client.bench_prompts --chat`.",
+            "scenarios": scenarios}
+
+
 def perf_analyzer_data(prompts: list[str], max_tokens: int, task: str) -> dict:
     """perf_analyzer --input-data: one entry per prompt, every input shaped [1] (batch 1 is added)."""
     return {"data": [{
@@ -137,7 +187,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer", type=Path, default=REPO_ROOT / "model_repository" / "target_model" / "1")
     parser.add_argument("--out", type=Path, default=PROMPTS_FILE)
     parser.add_argument("--perf-dir", type=Path, default=PERF_DIR)
+    parser.add_argument("--chat", action="store_true", help=f"write the chat requests to {CHAT_PROMPTS_FILE.name}")
     args = parser.parse_args(argv)
+    if args.chat:
+        CHAT_PROMPTS_FILE.write_text(json.dumps(chat_document(args.tokenizer), indent=1, ensure_ascii=False) + "\n")
+        print(f"wrote {CHAT_PROMPTS_FILE}")
+        return 0
     from specdec.tokenizer import TextTokenizer
 
     tokenizer = TextTokenizer(args.tokenizer)

@@ -3,9 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 from specdec_client.api import GenerationError, generate_grpc, generate_http
+
+DEFAULT_TOKENIZER = Path(__file__).resolve().parents[2] / "model_repository" / "target_model" / "1"
+
+
+def chat_prompt(message: str, tokenizer_dir: Path, system: str | None = None) -> str:
+    """``message`` as one user turn in the target's chat template (its generation prompt appended)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    if not tokenizer.chat_template:
+        raise SystemExit(f"error: the tokenizer in {tokenizer_dir} has no chat template")
+    turns = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": message}]
+    return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,8 +35,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task", choices=("auto", "json", "code", "text"), default=None)
     parser.add_argument("--exclude-input", action="store_true", help="do not echo the prompt (non-streaming)")
     parser.add_argument("--model", default="ensemble")
+    parser.add_argument("--chat", action="store_true",
+                        help="send the prompt as a chat request in the target's chat template (answer only)")
+    parser.add_argument("--system", default=None, help="with --chat: a system message")
+    parser.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER,
+                        help="with --chat: the folder of the target's tokenizer (its chat template)")
     args = parser.parse_args(argv)
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    if args.chat:
+        prompt = chat_prompt(prompt, args.tokenizer, args.system)
+        args.exclude_input = True
     params = {
         "text_input": prompt, "max_tokens": args.max_tokens, "stream": args.stream,
         "num_draft_tokens": args.num_draft_tokens, "task": args.task,

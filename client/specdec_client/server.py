@@ -306,6 +306,32 @@ class OpenAIEndpoint:
         self.stop()
 
 
+FIRST_REQUEST = "Write a Python function that checks whether a number is prime."
+
+
+def answer_first_request(server: TritonServer, max_tokens: int = 96) -> None:
+    """Send one chat request (the served target's chat template) and print its streamed answer: what a new
+    user sees `make serve` do. A target without a chat template gets the message as a plain prompt."""
+    from specdec_client.api import generate_grpc
+    from specdec_client.generate import chat_prompt
+
+    try:
+        prompt = chat_prompt(FIRST_REQUEST, server.model_repository / "target_model" / "1")
+    except SystemExit:
+        prompt = FIRST_REQUEST
+    print(f"\nfirst request (chat): {FIRST_REQUEST}\n", flush=True)
+    try:
+        result = generate_grpc(server.grpc_url, {"text_input": prompt, "max_tokens": max_tokens, "stream": True,
+                                                 "exclude_input_in_output": True},
+                               on_text=lambda text: print(text, end="", flush=True))
+    except Exception as exc:  # the server keeps serving: this request only shows it working
+        print(f"\n(first request failed: {exc})", flush=True)
+        return
+    stats = result.stats
+    print(f"\n\n[{result.num_output_tokens} tokens in {result.latency_s:.2f} s, {result.tokens_per_second:.1f} "
+          f"tokens/s, acceptance {stats.get('acceptance_rate', 0):.2f}]", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Serve the specdec-triton model repository on loopback.")
     parser.add_argument("--model-repository", type=Path, default=DEFAULT_MODEL_REPOSITORY)
@@ -316,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--openai-port", type=int, default=int(os.environ.get("OPENAI_PORT", 9000)),
                         help="port of the OpenAI-compatible endpoint (0: do not start it)")
     parser.add_argument("--log-verbose", type=int, default=0)
+    parser.add_argument("--no-first-request", dest="first_request", action="store_false",
+                        help="do not send the chat request that shows the server answering once READY")
     args = parser.parse_args(argv)
     server = TritonServer(
         model_repository=args.model_repository.resolve(),
@@ -336,11 +364,15 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     started = time.monotonic()
-    openai = OpenAIEndpoint(server.grpc_url, args.openai_port, args.host) if args.openai_port else None
+    # The endpoint applies the served target's chat template, whichever repository is served.
+    tokenizer_args = ["--tokenizer", str(server.model_repository / "target_model" / "1")]
+    openai = OpenAIEndpoint(server.grpc_url, args.openai_port, args.host, tokenizer_args) if args.openai_port else None
     try:
         server.start()
         if openai is not None:
             openai.start()
+        if args.first_request:
+            answer_first_request(server)
         print(
             f"\nspecdec-triton READY in {time.monotonic() - started:.1f} s  "
             f"(HTTP {server.http_url}, gRPC {server.grpc_url}, metrics {server.metrics_url})\n"

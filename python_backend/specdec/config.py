@@ -11,6 +11,7 @@ The YAML mirrors DESIGN.md §4:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -113,14 +114,21 @@ class SpeculationSettings:
         return self.max_length > 0
 
 
+# A chat request names its task in words ("Return a JSON object...", "Write a Python function...").
+_JSON_WORDS = re.compile(r"\bjson\b", re.IGNORECASE)
+_CODE_WORDS = re.compile(r"\b(python|function|code|script|class|program)\b|```", re.IGNORECASE)
+
+
 def detect_task(text: str) -> str:
-    """`task=auto`: JSON when the prompt opens or continues a JSON value, code when it looks like source
-    code, text otherwise. Cheap and predictable, on purpose."""
+    """`task=auto`: JSON when the prompt opens or continues a JSON value or asks for JSON, code when it looks
+    like source code or asks for code, text otherwise. Cheap and predictable, on purpose."""
     stripped = text.lstrip()
-    if stripped[:1] in "{[" or '":' in text or '": ' in text:
+    if stripped[:1] in "{[" or '":' in text or '": ' in text or _JSON_WORDS.search(text):
         return "json"
     code_markers = ("def ", "class ", "import ", "return ", "#include", "function ", "=> ", "){", "self.", "    ")
     if any(marker in text for marker in code_markers) or text.rstrip().endswith((":", "{", ";")):
+        return "code"
+    if _CODE_WORDS.search(text):
         return "code"
     return "text"
 

@@ -300,7 +300,8 @@ class EntrypointReplica:
     http_port: int
     grpc_port: int
     metrics_port: int
-    model_repository: Path = REPO_ROOT / "model_repository"
+    model_repository: Path = field(default_factory=lambda: Path(os.environ.get(
+        "SPECDEC_TEST_MODEL_REPOSITORY", REPO_ROOT / "model_repository")))  # tests/conftest.py: the fixture pair
     deployment: Path | None = REPO_ROOT / "build" / "deployments" / "cpu.yaml"  # None: serve the repository as is
     extra_env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen | None = None

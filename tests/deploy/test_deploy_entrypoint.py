@@ -56,9 +56,8 @@ def test_renders_the_deployment_into_a_private_copy(tmp_path: Path) -> None:
         assert rendered.is_file() and not rendered.is_symlink()
         assert rendered.read_text() == committed.read_text(), "cpu.yaml renders the committed configs"
     model_py = run / "speculative_decoding" / "1" / "model.py"
-    assert model_py.is_symlink() and model_py.resolve() == (
-        REPO_ROOT / "model_repository/speculative_decoding/1/model.py"
-    )
+    source = EntrypointReplica(workdir=tmp_path, http_port=0, grpc_port=0, metrics_port=0).model_repository
+    assert model_py.is_symlink() and model_py.resolve() == (source / "speculative_decoding/1/model.py").resolve()
 
 
 def test_overrides_merge_over_the_base_deployment(tmp_path: Path) -> None:

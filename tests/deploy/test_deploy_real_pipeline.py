@@ -9,6 +9,7 @@ The tests of this module share the replicas and run in file order (the last one 
 from __future__ import annotations
 
 import json
+import os
 import queue
 import re
 import urllib.request
@@ -26,7 +27,7 @@ pytestmark = [
     pytest.mark.skipif(nginx_binary() is None, reason="nginx is not installed (scripts/setup_env.sh installs it)"),
 ]
 
-SOURCE = REPO_ROOT / "model_repository"
+SOURCE = Path(os.environ.get("SPECDEC_TEST_MODEL_REPOSITORY", REPO_ROOT / "model_repository"))
 PROMPTS = ["def fibonacci(n):", '{"name": "Ada", "email": ', "The quick brown fox", "import os\nimport sys\n"]
 MAX_TOKENS = 12
 

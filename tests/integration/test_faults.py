@@ -73,7 +73,7 @@ def build_repository(root: Path) -> Path:
     deployment["kv_cache"]["num_slots"] = SLOTS
     deployment["admission"].update(max_queued_generations=QUEUED, queue_timeout_s=QUEUE_TIMEOUT_S)
     for name, config in render_module().render(deployment).items():
-        source = REPO_ROOT / "model_repository" / name / "1"
+        source = Path(os.environ["SPECDEC_TEST_MODEL_REPOSITORY"]) / name / "1"  # tests/conftest.py
         version = root / name / "1"
         version.mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(text_format.MessageToString(config))

@@ -1,4 +1,4 @@
-"""The committed default model pair loads offline and the draft shares the target's tokenizer (issue 3)."""
+"""The 12M fixture pair (tests/fixtures/pair_12m) loads offline and the draft shares the target's tokenizer."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-REPO = Path(__file__).resolve().parents[2] / "model_repository"
-TARGET = REPO / "target_model" / "1"
-DRAFT = REPO / "draft_model" / "1"
+PAIR = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "pair_12m"
+TARGET = PAIR / "target"
+DRAFT = PAIR / "draft"
 HF_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 

@@ -34,7 +34,7 @@ from specdec.runtime.torch_llama import TorchLlamaRuntime  # noqa: E402
 from specdec.tokenizer import TextTokenizer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-PAIR = {role: REPO / "model_repository" / f"{role}_model" / "1" for role in ("target", "draft")}
+PAIR = {role: REPO / "tests" / "fixtures" / "pair_12m" / role for role in ("target", "draft")}
 PROMPTS = json.loads((REPO / "client" / "specdec_client" / "prompts" / "smoke.json").read_text())
 MAX_LENGTH = 160
 LOGIT_ATOL = 2e-3  # fp32 graph vs fp32 torch: observed differences are ~1e-5

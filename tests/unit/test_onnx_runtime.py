@@ -22,8 +22,8 @@ from specdec.runtime.onnx_llama import OnnxLlamaRuntime, resolve_onnx  # noqa: E
 from specdec.runtime.torch_llama import TorchLlamaRuntime  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-TARGET = REPO / "model_repository" / "target_model" / "1"
-DRAFT = REPO / "model_repository" / "draft_model" / "1"
+TARGET = REPO / "tests" / "fixtures" / "pair_12m" / "target"
+DRAFT = REPO / "tests" / "fixtures" / "pair_12m" / "draft"
 PROMPTS = [[5, 17, 42], [8, 66, 3, 91, 12, 7, 30], [44], [10, 20, 30, 40, 50, 60, 70, 80]]
 
 

@@ -59,6 +59,10 @@ def test_request_overrides_win_over_the_profile(config):
     ('{"id": 3, "name": "', "json"), ('[1, 2, 3', "json"), ('name": "Bob", "age": ', "json"),
     ("def main():\n", "code"), ("import os\nimport sys", "code"), ("for (int i = 0; i < n; i++) {", "code"),
     ("In the beginning God created", "text"), ("The quick brown fox", "text"),
+    # chat requests name their task in words (the system prompt of a chat template names none)
+    ("<|im_start|>user\nGive me a JSON object describing a car.<|im_end|>", "json"),
+    ("<|im_start|>user\nWrite a Python function that sorts a list.<|im_end|>", "code"),
+    ("<|im_start|>user\nWrite a short paragraph about the sea.<|im_end|>", "text"),
 ])
 def test_auto_task_detection(config, prompt, task):
     assert detect_task(prompt) == task

@@ -116,9 +116,9 @@ def test_typical_acceptance_accepts_at_least_what_greedy_accepts(backend):
 
 def test_rejection_sampling_on_the_real_pair_keeps_the_targets_first_token_law():
     """The first token a verification produces is distributed as the target's, with the served pair's p and q."""
-    target = TorchLlamaRuntime(REPO_ROOT / "model_repository/target_model/1", num_slots=1, max_length=64)
-    draft = TorchLlamaRuntime(REPO_ROOT / "model_repository/draft_model/1", num_slots=1, max_length=64)
-    prompt = np.array(TextTokenizer(REPO_ROOT / "model_repository/target_model/1").encode("The quick brown fox"))
+    target = TorchLlamaRuntime(REPO_ROOT / "tests/fixtures/pair_12m/target", num_slots=1, max_length=64)
+    draft = TorchLlamaRuntime(REPO_ROOT / "tests/fixtures/pair_12m/draft", num_slots=1, max_length=64)
+    prompt = np.array(TextTokenizer(REPO_ROOT / "tests/fixtures/pair_12m/target").encode("The quick brown fox"))
     params = SamplingParams(temperature=1.0)
     p = probabilities(target.forward([ForwardItem(0, 0, prompt)])[0][-1], params)[0]
     q = probabilities(draft.forward([ForwardItem(0, 0, prompt)])[0][-1], params)[0]

