@@ -252,6 +252,23 @@ class TritonServer:
         self.stop()
 
 
+def start_on_free_ports(model_repository: Path, log_file: Path, timeout_s: float = 240.0,
+                        attempts: int = 2) -> TritonServer:
+    """A started server on free loopback ports, started again once if it fails: tritonserver 2.51 now and
+    then aborts at start-up on a loaded machine (boost::interprocess::lock_exception, docs/RELIABILITY.md)."""
+    for attempt in range(1, attempts + 1):
+        server = TritonServer(model_repository=model_repository, http_port=free_port(), grpc_port=free_port(),
+                              metrics_port=free_port(), log_file=log_file)
+        try:
+            return server.start(timeout_s=timeout_s)
+        except Exception:
+            print(log_file.read_text()[-5000:] if log_file.exists() else "no server log")
+            server.stop()
+            if attempt == attempts:
+                raise
+    raise AssertionError("unreachable")
+
+
 @dataclass
 class OpenAIEndpoint:
     """The OpenAI-compatible endpoint (specdec_client.openai_api) in a process of its own, usable as a context

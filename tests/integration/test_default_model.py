@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from specdec_client.api import generate_grpc
-from specdec_client.server import TritonServer, free_port
+from specdec_client.server import start_on_free_ports
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
@@ -54,18 +54,8 @@ def chat_prompts(tokenizer) -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def default_server(tmp_path_factory: pytest.TempPathFactory):
-    log = tmp_path_factory.mktemp("default_model") / "server.log"
-    for attempt in (1, 2):  # tritonserver 2.51 now and then aborts at start-up on a loaded machine
-        server = TritonServer(model_repository=DEFAULT_REPOSITORY, http_port=free_port(), grpc_port=free_port(),
-                              metrics_port=free_port(), log_file=log)
-        try:
-            server.start(timeout_s=400)
-            break
-        except Exception:
-            print(log.read_text()[-5000:] if log.exists() else "no server log")
-            server.stop()
-            if attempt == 2:
-                raise
+    server = start_on_free_ports(DEFAULT_REPOSITORY, tmp_path_factory.mktemp("default_model") / "server.log",
+                                 timeout_s=400)
     yield server
     server.stop()
 

@@ -8,14 +8,13 @@ The decoders run the deployment's runtime (onnxruntime on the CPU default: the e
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 from specdec_client.api import generate_grpc
-from specdec_client.server import TritonServer, free_port
+from specdec_client.server import start_on_free_ports
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT / "tests"))
@@ -31,7 +30,6 @@ from family_checkpoints import (  # noqa: E402
 
 pytestmark = pytest.mark.integration
 MAX_TOKENS = 24
-CHECKPOINT_FILES = ("*.safetensors", "*.safetensors.index.json", "onnx", "proposal_vocab.json")
 
 
 def prompts() -> list[str]:
@@ -67,19 +65,8 @@ def family_server(tmp_path_factory):
     target = make_family_checkpoint(root / "mistral", "mistral", num_layers=2, seed=21, tokenizer=True)
     draft = make_qwen2_draft(root / "qwen2", target)
     repo = root / "model_repository"
-    shutil.copytree(REPO_ROOT / "model_repository", repo, ignore=shutil.ignore_patterns(*CHECKPOINT_FILES))
-    import_pair(target, draft, repo)
-    log = root / "server.log"
-    for attempt in (1, 2):  # tritonserver 2.51 now and then aborts at start-up on a loaded machine
-        server = TritonServer(model_repository=repo, http_port=free_port(), grpc_port=free_port(),
-                              metrics_port=free_port(), log_file=log)
-        try:
-            server.start(timeout_s=240)
-            break
-        except Exception:
-            print(log.read_text()[-5000:] if log.exists() else "no server log")
-            if attempt == 2:
-                raise
+    import_pair(target, draft, repo)  # a new repository from the project's configs and model.py files
+    server = start_on_free_ports(repo, root / "server.log")
     yield server, target
     server.stop()
 
