@@ -95,7 +95,7 @@ def with_input(inputs: list[dict], replacement: dict) -> list[dict]:
 
 
 def http_cases() -> Iterator[dict]:
-    for value in (0, -1, -100, 1025, 4096, 10**6, INT32_MAX, INT32_MIN, 2**31):
+    for value in (0, -1, -100, 8193, 10**6, INT32_MAX, INT32_MIN, 2**31):  # 8193: over limits.max_tokens
         # 2**31 wraps to INT32_MIN in Triton's JSON-to-INT32 conversion: still named and rejected.
         yield http(f"max_tokens/{value}", "range", {**BASE, "max_tokens": value}, rejected("max_tokens"))
     for label, value in (("float", 1.5), ("string", "8"), ("word", "eight"), ("bool", True), ("null", None),
@@ -116,11 +116,11 @@ def http_cases() -> Iterator[dict]:
     yield http("text_input/10MB", "size", {**BASE, "text_input": {"$repeat": ["x", TEN_MB]}}, rejected("text_input"))
     yield http("text_input/10MB_multibyte", "size", {**BASE, "text_input": {"$repeat": ["\u00e9", TEN_MB // 2]}},
                rejected("text_input"))
-    for words in (600, 2000, 8000):
+    for words in (2500, 5000, 9000):  # beyond the fixture pair's 2,048-token context, under 64 KiB
         yield http(f"text_input/beyond_context_{words}_words", "context",
                    {**BASE, "text_input": {"$repeat": ["hello ", words]}}, rejected("max_tokens"))
     yield http("text_input/fits_but_max_tokens_does_not", "context",
-               {"text_input": {"$repeat": ["hello ", 300]}, "max_tokens": 1024}, rejected("max_tokens"))
+               {"text_input": {"$repeat": ["hello ", 300]}, "max_tokens": 1900}, rejected("max_tokens"))
     for label, text in (("nul", "a\u0000b"), ("escape_sequences", "\u001b[31mred\u001b[0m"), ("bell", "\u0007" * 8),
                         ("only_nul", "\u0000"), ("crlf", "line\r\nline\r\n"), ("tabs", "\t\t\t"),
                         ("del", "\u007f\u007f"), ("c1_controls", "\u0085\u009b"), ("bidi_override", "\u202eabc"),
@@ -293,7 +293,7 @@ def grpc_cases() -> Iterator[dict]:
                with_input(GOOD_GRPC, tensor("text_input", "BYTES", {"$repeat": ["a", 65537]})), rejected("text_input"))
     yield grpc("text_input/10MB", "size",
                with_input(GOOD_GRPC, tensor("text_input", "BYTES", {"$repeat": ["z", TEN_MB]})), rejected("text_input"))
-    for value in (0, -7, 1025, INT32_MAX):
+    for value in (0, -7, 8193, INT32_MAX):
         yield grpc(f"max_tokens/{value}", "range", with_input(GOOD_GRPC, tensor("max_tokens", "INT32", value)),
                    rejected("max_tokens"))
     for name, value in (("num_draft_tokens", 17), ("num_candidates", 0), ("beam_width", 4), ("top_k", -3)):
@@ -310,7 +310,7 @@ def grpc_cases() -> Iterator[dict]:
         yield grpc(f"input_ids/out_of_vocabulary_{value}", "range", direct([5, value, 7]), rejected("input_ids"),
                    model=model)
     yield grpc("input_ids/empty", "empty", direct([], shape=[1, 0]), rejected("text_input"), model=model)
-    yield grpc("input_ids/beyond_context", "context", direct([5] * 2000), rejected("max_tokens"), model=model)
+    yield grpc("input_ids/beyond_context", "context", direct([5] * 2100), rejected("max_tokens"), model=model)
     yield grpc("missing/input_lengths", "missing", direct([5, 6])[::2], core("input_lengths"), model=model)
     yield grpc("input_ids/dtype_FP32", "type", [tensor("input_ids", "FP32", [5.0], [1, 1])] + direct([5])[1:],
                core("input_ids", "data-type is"), model=model)
