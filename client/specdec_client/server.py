@@ -66,6 +66,18 @@ def server_environment() -> dict[str, str]:
     return env
 
 
+def terminate(proc: subprocess.Popen, timeout_s: float) -> None:
+    """SIGTERM a process that is still running, SIGKILL it past `timeout_s`, and reap it."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def free_port() -> int:
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -222,13 +234,7 @@ class TritonServer:
             return
         self.note_shm_regions()
         try:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=timeout_s)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            terminate(proc, timeout_s)
         finally:  # even when a second Ctrl-C interrupts the wait
             # Model stubs share the server's process group (start_new_session above).
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -307,14 +313,8 @@ class OpenAIEndpoint:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        if proc is not None:
+            terminate(proc, timeout_s)
 
     def __enter__(self) -> OpenAIEndpoint:
         return self.start()
