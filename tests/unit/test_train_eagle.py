@@ -1,0 +1,283 @@
+"""build/eagle_features.py and build/train_eagle.py on a tiny random Llama: the recorded features are the
+target's, the head's math is a Llama layer over fc rows (its unrolled step sees what inference sees), training
+lowers the loss, the checkpoint is the installable folder, and a resumed run goes on where it stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+BUILD = Path(__file__).resolve().parents[2] / "build"
+sys.path.insert(0, str(BUILD))
+
+import eagle_features  # noqa: E402
+import train_eagle  # noqa: E402
+
+VOCAB, HIDDEN = 300, 64
+EXPECTED_TENSORS = {f"model.layers.0.{k}" for k in train_eagle.LAYER_KEYS} | {"model.norm.weight", "eagle.fc.weight"}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict:
+    """A random 2-layer Llama (tied embeddings, GQA 4/2 heads) and answers it wrote greedily or by sampling."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("eagle")
+    target = root / "target"
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+                         rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True, bos_token_id=1,
+                         eos_token_id=2, pad_token_id=2, initializer_range=0.2)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    model.save_pretrained(str(target))
+    rng = random.Random(0)
+    rows = []
+    with torch.no_grad():
+        for i in range(48):
+            prompt = [rng.randrange(3, VOCAB) for _ in range(rng.randrange(4, 24))]
+            mode = "sampled" if i % 4 == 3 else "greedy"
+            ids = torch.as_tensor([prompt])
+            if mode == "greedy":
+                answer = []
+                for _ in range(rng.randrange(8, 20)):  # incremental greedy decoding, as target_answers does
+                    nxt = int(model(input_ids=ids).logits[0, -1].argmax())
+                    answer.append(nxt)
+                    ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
+            else:
+                answer = [rng.randrange(3, VOCAB) for _ in range(rng.randrange(8, 20))]
+            rows.append({"id": f"req-{i:06d}", "domain": ("code", "json", "prose")[i % 3], "kind": "k",
+                         "mode": mode, "prompt_ids": prompt, "answer_ids": answer})
+    answers = root / "answers.jsonl"
+    answers.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    features = root / "features"
+    summary = eagle_features.main(["--target", str(target), "--answers", str(answers), "--out", str(features),
+                                   "--tokens-per-batch", "256", "--shard-tokens", "400", "--no-progress"])
+    return {"root": root, "target": target, "answers": answers, "features": features, "rows": rows,
+            "model": model, "summary": summary}
+
+
+def test_features_are_the_targets_final_normed_states(tiny) -> None:
+    summary = tiny["summary"]
+    assert summary["examples"] == 48
+    assert summary["greedy_checked"] > 300
+    assert summary["greedy_match"] == 1.0  # argmax(f_t @ E^T) is every greedy answer's next token
+    index = eagle_features.read_index(tiny["features"])
+    assert sorted(r["id"] for r in index) == sorted(r["id"] for r in tiny["rows"])
+    assert len({r["shard"] for r in index}) > 1  # --shard-tokens cut it into shards
+    by_id = {r["id"]: r for r in tiny["rows"]}
+    model = tiny["model"]
+    for row in index[:5]:
+        src = by_id[row["id"]]
+        ids = src["prompt_ids"] + src["answer_ids"]
+        assert row["ids"] == ids and row["prompt_len"] == len(src["prompt_ids"]) and row["length"] == len(ids)
+        stored = eagle_features.np.load(tiny["features"] / eagle_features.FEATURES.format(row["shard"]))
+        stored = torch.from_numpy(stored[row["offset"]:row["offset"] + row["length"]].astype("float32"))
+        with torch.no_grad():
+            logits = model(input_ids=torch.as_tensor([ids])).logits[0]
+        # What the output layer reads: E f_t is the target's logits (float16 storage aside).
+        torch.testing.assert_close(stored @ model.model.embed_tokens.weight.T, logits, atol=2e-2, rtol=1e-2)
+        assert torch.equal((stored @ model.model.embed_tokens.weight.T).argmax(-1), logits.argmax(-1))
+
+
+def test_feature_recording_resumes_without_repeating(tiny) -> None:
+    before = len(eagle_features.read_index(tiny["features"]))
+    summary = eagle_features.main(["--target", str(tiny["target"]), "--answers", str(tiny["answers"]),
+                                   "--out", str(tiny["features"]), "--no-progress"])
+    assert summary["examples"] == 0
+    assert len(eagle_features.read_index(tiny["features"])) == before
+
+
+def _head(tiny, init_layer: int = 1, fc_init: str = "feature") -> train_eagle.EagleHead:
+    torch.manual_seed(0)
+    return train_eagle.EagleHead(tiny["target"], list(range(VOCAB)), init_layer, fc_init, 0.02, seed=3)
+
+
+def _batch(tiny, n: int = 6) -> dict:
+    train, valid, arrays = train_eagle.load_features([tiny["features"]], 0.0, 768)
+    return train_eagle.collate(train[:n], arrays), train[:n]
+
+
+def test_head_step_one_is_a_llama_layer_over_fc_rows(tiny, tmp_path) -> None:
+    """Saved and reloaded as Hugging Face Llama (1 layer), the checkpoint computes the head's g from z."""
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig, LlamaModel
+
+    head = _head(tiny)
+    with torch.no_grad():
+        head.eagle.fc.raw.normal_(0, 0.1)  # not the pass-through start: both halves matter
+    train_eagle.save_head(head, list(range(VOCAB)), tmp_path / "ckpt")
+    state = load_file(str(tmp_path / "ckpt" / train_eagle.EAGLE_WEIGHTS))
+    config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    assert config["num_hidden_layers"] == 1
+    hf = LlamaModel(LlamaConfig(**{k: v for k, v in config.items() if k != "specdec_eagle"})).eval()
+    missing = hf.load_state_dict({k[len("model."):]: v.float() for k, v in state.items() if k.startswith("model.")},
+                                 strict=False)
+    assert missing.missing_keys == ["embed_tokens.weight"] and not missing.unexpected_keys
+    head.load_own(state)  # the bf16-rounded weights on both sides
+    batch, examples = _batch(tiny, 1)
+    ids, feats = batch["ids"], batch["feats"]
+    rows = torch.arange(ids.shape[1] - 1)[None]
+    with torch.no_grad():
+        g, _ = head(ids, feats, rows, ttt=False)
+        embed = head.embed.float()[ids[:, 1:]]
+        z = torch.cat([embed, feats[:, :-1]], -1) @ state["eagle.fc.weight"].float().T
+        want = hf(inputs_embeds=z).last_hidden_state
+    torch.testing.assert_close(g, want, atol=1e-4, rtol=1e-4)
+
+
+def test_unrolled_step_sees_what_inference_sees(tiny) -> None:
+    """Unrolled row j = the head run on x_0..x_{j+1} whose row j reads g_{j-1} instead of f_j: attention over the
+    true rows < j and its own row, at RoPE position j."""
+    head = _head(tiny, init_layer=0, fc_init="both")
+    batch, examples = _batch(tiny, 1)
+    ids, feats = batch["ids"], batch["feats"]
+    n = ids.shape[1] - 1
+    rows = torch.arange(n)[None]
+    with torch.no_grad():
+        g, g2 = head(ids, feats, rows)
+        assert g2.shape[1] == n - 1
+        for j in (1, n // 2, n - 1):
+            fed = feats[:, :j + 2].clone()
+            fed[:, j] = g[:, j - 1]
+            alone, _ = head(ids[:, :j + 2], fed, torch.arange(j + 1)[None], ttt=False)
+            torch.testing.assert_close(g2[:, j - 1], alone[:, j], atol=1e-5, rtol=1e-5)
+            assert not torch.allclose(g2[:, j - 1], g[:, j], atol=1e-3)
+
+
+def test_collate_masks_answer_rows_only(tiny) -> None:
+    batch, examples = _batch(tiny, 4)
+    for b, ex in enumerate(examples):
+        rows, mask = batch["rows"][b], batch["mask"][b]
+        chosen = rows[mask].tolist()
+        assert chosen == list(range(max(ex["start"] - 2, 0), len(ex["ids"]) - 2))  # x_{j+2} on the answer
+        assert rows[0] == max(ex["start"] - 3, 0)
+        pad = batch["feats"][b, len(ex["ids"]):]
+        torch.testing.assert_close(pad, torch.zeros_like(pad))
+
+
+def test_a_few_steps_lower_the_loss(tiny) -> None:
+    head = _head(tiny)
+    batch, _ = _batch(tiny, 8)
+    opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=3e-3)
+    first = None
+    for _ in range(12):
+        loss, parts = train_eagle.losses(head, batch, 0.5, 1.0, False, False)
+        first = first if first is not None else parts
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    _, last = train_eagle.losses(head, batch, 0.5, 1.0, False, False)
+    assert {"ce", "kl", "l1", "ce2", "kl2", "l12"} <= set(last)
+    assert last["kl"] < 0.7 * first["kl"] and last["kl2"] < 0.8 * first["kl2"]
+    assert last["l1"] < first["l1"]
+
+
+def test_agreement_scores_the_targets_argmax(tiny, monkeypatch) -> None:
+    """A head whose g is exactly f_{j+1} agrees everywhere (full proposal vocabulary), one that predicts f_j
+    (the feature it was fed) agrees only where the target repeats its argmax."""
+    head = _head(tiny)
+    train, _, arrays = train_eagle.load_features([tiny["features"]], 0.0, 768)
+    examples = [ex for ex in train if ex["mode"] == "greedy"][:10]
+
+    def oracle(shift):
+        def forward(ids, feats, rows, ttt=True, detach=False):
+            g = train_eagle._take(feats[:, shift:], rows)
+            return g, g[:, 1:]
+        return forward
+
+    monkeypatch.setattr(head, "forward", oracle(1))
+    one, two = train_eagle.agreement(head, examples, arrays, 256, {})
+    assert set(one.values()) == {1.0} and set(two.values()) == {1.0}
+    monkeypatch.setattr(head, "forward", oracle(0))
+    one, _ = train_eagle.agreement(head, examples, arrays, 256, {})
+    assert max(one.values()) < 0.5
+
+
+def _train_args(tiny, out: Path, steps: int) -> list[str]:
+    return ["--target", str(tiny["target"]), "--features", str(tiny["features"]), "--out", str(out),
+            "--init-layer", "1", "--proposal-vocab", "200", "--steps", str(steps), "--tokens-per-batch", "100000",
+            "--lr", "3e-3", "--warmup", "0", "--min-lr-frac", "1.0", "--valid-frac", "0.25", "--eval-every", "2",
+            "--ckpt-every", "2", "--threads", "1", "--no-bf16", "--seed", "5", "--no-progress"]
+
+
+def test_training_writes_the_installable_head_and_resumes(tiny, tmp_path) -> None:
+    from safetensors import safe_open
+
+    out = tmp_path / "run"
+    train_eagle.main(_train_args(tiny, out, 4))
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3, 4]
+    assert log[-1]["loss"] < log[0]["loss"]  # one batch holds all the training rows: the same batch each step
+    assert set(log[-1]["agreement"]) == {"code", "json", "prose"} and set(log[-1]["agreement_step2"]) == {
+        "code", "json", "prose"}
+    best = out / "best"
+    with safe_open(str(best / train_eagle.EAGLE_WEIGHTS), "pt") as f:
+        assert set(f.keys()) == EXPECTED_TENSORS
+        assert all(f.get_tensor(k).dtype == torch.bfloat16 for k in f.keys())  # noqa: SIM118
+        assert list(f.get_tensor("eagle.fc.weight").shape) == [HIDDEN, 2 * HIDDEN]
+    config = json.loads((best / "config.json").read_text())
+    target_config = json.loads((tiny["target"] / "config.json").read_text())
+    assert config["specdec_eagle"] == {"feature_size": HIDDEN, "feature": "final_norm"}
+    same = lambda c: {k: v for k, v in c.items() if k not in ("num_hidden_layers", "specdec_eagle")}  # noqa: E731
+    assert same(config) == same(target_config)
+    assert config["num_hidden_layers"] == 1
+    vocab = json.loads((best / "proposal_vocab.json").read_text())["token_ids"]
+    assert len(vocab) == 200 and {1, 2} <= set(vocab) and vocab == sorted(vocab)
+    agreement = json.loads((best / "agreement.json").read_text())
+    assert agreement["step"] in (2, 4) and set(agreement["step2"]) == {"code", "json", "prose"}
+
+    # Resume to 6 steps: the same weights as one uninterrupted 6-step run.
+    train_eagle.main(_train_args(tiny, out, 6) + ["--resume"])
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3, 4, 5, 6]
+    straight = tmp_path / "straight"
+    train_eagle.main(_train_args(tiny, straight, 6))
+    resumed = torch.load(out / "state.pt", weights_only=False)
+    whole = torch.load(straight / "state.pt", weights_only=False)
+    assert resumed["step"] == whole["step"] == 6
+    for k, v in whole["model"].items():
+        torch.testing.assert_close(resumed["model"][k], v, atol=1e-6, rtol=1e-5)
+    initial = _head(tiny, init_layer=1)
+    assert not torch.allclose(initial.state_dict()["eagle.fc.raw"], whole["model"]["eagle.fc.raw"])
+
+
+def test_init_from_a_trained_draft_or_head(tiny, tmp_path) -> None:
+    """--init-from: a 1-layer draft's layer and norm (fc keeps its init), or a saved head's every tensor."""
+    from safetensors.torch import load_file, save_file
+
+    head = _head(tiny)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    train_eagle.save_head(head, list(range(VOCAB)), tmp_path / "head")
+    saved = load_file(str(tmp_path / "head" / train_eagle.EAGLE_WEIGHTS))
+    again = train_eagle.EagleHead(tiny["target"], list(range(VOCAB)), 0, "feature", 0.0, 3, tmp_path / "head")
+    for k, v in again.own_state().items():
+        torch.testing.assert_close(v.float(), saved[k].float())
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    save_file({k: v for k, v in saved.items() if k != "eagle.fc.weight"}, str(draft / "draft_layers.safetensors"))
+    from_draft = train_eagle.EagleHead(tiny["target"], list(range(VOCAB)), 0, "embedding", 0.0, 3, draft)
+    torch.testing.assert_close(from_draft.model.norm.weight, saved["model.norm.weight"].float())
+    fc = from_draft.eagle.fc.weight
+    assert torch.equal(fc[:, :HIDDEN], torch.eye(HIDDEN)) and not fc[:, HIDDEN:].any()
