@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from render_configs import DECODERS
+from render_configs import DECODERS, OPTIONAL_DECODERS
 from specdec.checkpoint import UnsupportedCheckpoint, read_spec
-from specdec.runtime.graph_contract import DEFAULT_PRECISION, INPUTS, ONNX_FILE, checkpoint_fingerprint
+from specdec.runtime.graph_contract import DEFAULT_PRECISION, ONNX_FILE, checkpoint_fingerprint, graph_inputs
 from specdec.runtime.onnx_llama import export_is_current
 from specdec.runtime.step_graph import export_decoder
 from specdec.runtime.tensorrt_llama import (
@@ -90,6 +90,9 @@ def plan_engines(deployment: dict, model_repository: Path, output_dir: Path, mod
     else:
         chosen = [name for name in DECODERS if entries.get(name, {}).get("runtime", default_runtime) == "tensorrt"]
         chosen = chosen or list(DECODERS)
+        # An optional decoder (the EAGLE head) is built when the repository holds its checkpoint.
+        chosen = [name for name in chosen if name not in OPTIONAL_DECODERS
+                  or (model_repository / name / "1" / "config.json").is_file()]
     kv, limits, speculation = deployment["kv_cache"], deployment["limits"], deployment.get("speculation", {})
     plans = []
     for name in chosen:
@@ -125,15 +128,15 @@ def build_engine(onnx_path: Path, plan: EnginePlan, timing_cache: Path | None = 
     if not parser.parse_from_file(str(onnx_path)):
         errors = "\n".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise RuntimeError(f"TensorRT could not parse {onnx_path}:\n{errors}")
+    spec = read_spec(plan.checkpoint)
     names = [network.get_input(i).name for i in range(network.num_inputs)]
-    if names != list(INPUTS):
-        raise RuntimeError(f"{onnx_path}: inputs {names}, expected {list(INPUTS)}")
+    if names != list(graph_inputs(spec.is_eagle)):
+        raise RuntimeError(f"{onnx_path}: inputs {names}, expected {list(graph_inputs(spec.is_eagle))}")
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(plan.workspace_gib * (1 << 30)))
     config.builder_optimization_level = plan.optimization_level
     if plan.precision == "fp32":
         config.clear_flag(trt.BuilderFlag.TF32)  # fp32 means fp32: parity with the torch runtime
-    spec = read_spec(plan.checkpoint)
     for profile_range in plan.profiles:
         profile = builder.create_optimization_profile()
         for name, (low, opt, high) in profile_range.shapes(spec).items():
@@ -178,6 +181,7 @@ def build_one(plan: EnginePlan, timing_cache: Path | None = None) -> EngineMetad
     meta = EngineMetadata(
         model=plan.model, role=plan.role, precision=plan.precision,
         checkpoint_fingerprint=checkpoint_fingerprint(plan.checkpoint), spec=spec_dict(read_spec(plan.checkpoint)),
+        inputs=list(graph_inputs(read_spec(plan.checkpoint).is_eagle)),
         max_length=plan.max_length, num_slots=plan.num_slots, profiles=plan.describe()["profiles"],
         tensorrt_version=trt.__version__, device_name=torch.cuda.get_device_name(),
         compute_capability=f"{major}.{minor}", onnx_sha256=sha256_of(onnx_path),

@@ -128,11 +128,16 @@ def install(src: Path, dst: Path) -> list[Path]:
     return copied
 
 
+# Models of the template that belong to its default pair only: the EAGLE head reads the default target's
+# features, so a repository for other checkpoints serves the draft model and prompt lookup without it.
+PAIR_SPECIFIC_MODELS = ("eagle_draft",)
+
+
 def new_repository(repo: Path, template: Path = TEMPLATE_REPOSITORY) -> Path:
     """Make ``repo`` from ``template``'s serving files (configs, model.py, profiles), without checkpoints."""
     if repo.exists():
         raise FileExistsError(f"{repo} already exists")
-    shutil.copytree(template, repo, ignore=shutil.ignore_patterns(*NOT_SERVING))
+    shutil.copytree(template, repo, ignore=shutil.ignore_patterns(*NOT_SERVING, *PAIR_SPECIFIC_MODELS))
     return repo
 
 

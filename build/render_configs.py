@@ -23,7 +23,11 @@ from specdec_triton import contract as c
 from tritonclient.grpc import model_config_pb2 as mc
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DECODERS = {"target_model": "target", "draft_model": "draft"}  # decoder model name -> role
+# decoder model name -> role. eagle_draft is optional: a repository without it (made by
+# build/import_checkpoint.py for other checkpoints) serves the other drafters.
+DECODERS = {"target_model": "target", "draft_model": "draft", "eagle_draft": "eagle"}
+OPTIONAL_DECODERS = ("eagle_draft",)
+DECODER_INPUTS = {"target": c.DECODER_INPUTS, "draft": c.DRAFT_INPUTS, "eagle": c.EAGLE_INPUTS}
 RUNTIME_KINDS = {"torch": ("KIND_CPU", "KIND_GPU"), "onnxruntime": ("KIND_CPU",), "tensorrt": ("KIND_GPU",)}
 HEADER = "# Rendered by build/render_configs.py from {source}; edit that file, not this one.\n"
 
@@ -76,7 +80,9 @@ def kv_pool(dep: dict) -> str:
     return json.dumps({
         "budget_bytes": int(kv["budget_bytes"]),
         "block_size": int(kv.get("block_size", DEFAULT_BLOCK_SIZE)),
-        "models": [{"dir": f"../{name}/1", "dtype": kv_dtype(name, dep)} for name in DECODERS],
+        "models": [{"dir": f"../{name}/1", "dtype": kv_dtype(name, dep), **({"optional": True} if name in
+                                                                           OPTIONAL_DECODERS else {})}
+                   for name in DECODERS if name in dep["models"]],
     }, separators=(",", ":"))
 
 
@@ -88,8 +94,7 @@ def decoder_config(name: str, role: str, dep: dict) -> mc.ModelConfig:
     if instance_kind not in RUNTIME_KINDS.get(runtime, ()):
         raise ValueError(f"{name}: runtime {runtime!r} cannot run on {instance_kind} (runtimes: {RUNTIME_KINDS})")
     num_slots = int(model.get("num_slots", kv["num_slots"]))  # KV slots per instance = max batch
-    inputs = c.DRAFT_INPUTS if role == "draft" else c.DECODER_INPUTS
-    cfg = _base(name, num_slots, inputs, c.DECODER_OUTPUTS, model)
+    cfg = _base(name, num_slots, DECODER_INPUTS[role], c.DECODER_OUTPUTS, model)
     seq = cfg.sequence_batching
     # Generous: the speculative loop never idles; our own slot timeout frees abandoned slots.
     seq.max_sequence_idle_microseconds = int(kv["idle_timeout_s"] * 1_000_000)
@@ -196,7 +201,8 @@ def render(deployment: dict) -> dict[str, mc.ModelConfig]:
     return {
         "preprocessing": text_config("preprocessing", c.PREPROCESSING_INPUTS, c.PREPROCESSING_OUTPUTS, deployment,
                                      max_input_bytes=deployment["limits"]["max_input_bytes"]),
-        **{name: decoder_config(name, role, deployment) for name, role in DECODERS.items()},
+        **{name: decoder_config(name, role, deployment) for name, role in DECODERS.items()
+           if name in deployment["models"]},
         "speculative_decoding": speculative_config(deployment),
         # No dynamic batcher in front of postprocessing: it would drop the chunks of a cancelled ensemble
         # request unseen, and postprocessing is where that cancellation becomes visible (docs/RELIABILITY.md).

@@ -91,3 +91,33 @@ def _inprocess_backend(pair: tuple[Path, Path], max_length: int, num_slots: int 
 def make_inprocess_backend():
     """Factory of in-process backends: `make_inprocess_backend(pair, max_length)`."""
     return _inprocess_backend
+
+
+def make_tiny_eagle(path: Path, target_dir: Path, seed: int) -> Path:
+    """A random EAGLE head for `target_dir` (specdec.checkpoint.EAGLE_CONFIG_KEY): one layer of the target's
+    shape, its own final norm, `eagle.fc` [hidden, hidden + feature], the target's embeddings (shared)."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    from specdec.checkpoint import EAGLE_CONFIG_KEY, EAGLE_FC_WEIGHT
+
+    layer = make_tiny_llama(path.parent / f".{path.name}-layer", 1, seed=seed)
+    config = json.loads((target_dir / "config.json").read_text())
+    hidden = int(config["hidden_size"])
+    config.update(num_hidden_layers=1, **{EAGLE_CONFIG_KEY: {"feature_size": hidden, "feature": "final_norm"}})
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    state = {k: v for k, v in load_file(str(layer / "model.safetensors")).items() if k.startswith("model.layers.")}
+    state["model.norm.weight"] = torch.ones(hidden)
+    state["model.embed_tokens.weight"] = load_file(str(target_dir / "model.safetensors"))["model.embed_tokens.weight"]
+    generator = torch.Generator().manual_seed(seed)
+    state[EAGLE_FC_WEIGHT] = torch.randn(hidden, 2 * hidden, generator=generator) * 0.2
+    save_file({k: v.contiguous() for k, v in state.items()}, str(path / "model.safetensors"))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_eagle(tiny_pair, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random EAGLE head for tiny_pair's target."""
+    return make_tiny_eagle(tmp_path_factory.mktemp("tiny_eagle") / "eagle", tiny_pair[0], seed=3)

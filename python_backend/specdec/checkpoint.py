@@ -25,6 +25,15 @@ if TYPE_CHECKING:  # torch is imported only by what loads weights: an onnxruntim
     import torch
 
 
+# config.json key of an EAGLE draft head: {"feature_size": N, "feature": "final_norm"}. Such a checkpoint is one
+# Llama-family decoder layer whose input row is `eagle.fc` applied to [embedding of the token, feature]; the
+# feature is the target's final-normed hidden state at the previous position (what its output layer reads),
+# and the head's own final-normed output is the feature of its next row when it drafts autoregressively.
+EAGLE_CONFIG_KEY = "specdec_eagle"
+EAGLE_FC_WEIGHT = "eagle.fc.weight"
+EAGLE_FC_BIAS = "eagle.fc.bias"
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """The architecture numbers and family traits the runtimes need, read from a Hugging Face config.json.
@@ -53,6 +62,7 @@ class ModelSpec:
     mlp_bias: bool = False
     qk_norm: bool = False
     sliding_window: int | None = None
+    eagle_feature_size: int = 0  # > 0: an EAGLE draft head reading the target's features (EAGLE_CONFIG_KEY)
 
     @classmethod
     def from_config(cls, cfg: dict) -> ModelSpec:
@@ -79,8 +89,13 @@ class ModelSpec:
             bos_token_id=cfg.get("bos_token_id"),
             pad_token_id=cfg.get("pad_token_id"),
             rope_parameters=rope,
+            eagle_feature_size=int((cfg.get(EAGLE_CONFIG_KEY) or {}).get("feature_size", 0)),
             **asdict(traits),
         )
+
+    @property
+    def is_eagle(self) -> bool:
+        return self.eagle_feature_size > 0
 
     @property
     def context_limit(self) -> int:

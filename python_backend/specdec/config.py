@@ -22,7 +22,7 @@ from specdec.acceptance import ACCEPTANCE_MODES
 from specdec.errors import InvalidRequestError
 
 TASKS = ("json", "code", "text")
-DRAFTERS = ("model", "ngram")
+DRAFTERS = ("model", "eagle", "ngram")  # the draft model, the EAGLE head on target features, prompt lookup
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,15 @@ class SpeculationConfig:
     high_precision_candidates: int = 5
     verify_threshold: float = 0.7
     fallback: FallbackConfig = field(default_factory=FallbackConfig)
+    served_drafters: tuple[str, ...] = DRAFTERS  # the drafters whose models this deployment serves
+
+    def serving(self, served_drafters: tuple[str, ...]) -> SpeculationConfig:
+        """This config for a deployment that serves only `served_drafters`: a profile whose drafter is not
+        served (the EAGLE head is absent from a repository made for other checkpoints) drafts with the draft
+        model instead."""
+        profiles = {task: profile if profile.drafter in served_drafters else replace(profile, drafter="model")
+                    for task, profile in self.profiles.items()}
+        return replace(self, profiles=profiles, served_drafters=served_drafters)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> SpeculationConfig:
@@ -160,6 +169,9 @@ def resolve(config: SpeculationConfig, task: str, prompt_text: str | None, *, nu
             raise InvalidRequestError("verify_threshold", f"must be in (0, 1], got {verify_threshold}")
         settings = replace(settings, verify_threshold=verify_threshold)
     if drafter is not None:
+        if drafter not in config.served_drafters:
+            raise InvalidRequestError("drafter", f"{drafter!r} is not served here (served: "
+                                                 f"{', '.join(config.served_drafters)})")
         settings = replace(settings, drafter=drafter)
     if settings.drafter == "ngram":
         settings = replace(settings, num_candidates=1)  # prompt lookup proposes one continuation

@@ -18,7 +18,7 @@ import numpy as np
 
 from specdec.errors import InvalidRequestError, SpecDecError
 from specdec.kv_cache import SlotEntry, SlotTable
-from specdec.runtime.base import DecoderRuntime, ForwardItem
+from specdec.runtime.base import DecoderRuntime, ForwardItem, ForwardOutput
 from specdec.sampling import SamplingParams, make_rng, probabilities, sample
 
 EMPTY_IDS = np.zeros(0, dtype=np.int64)
@@ -62,15 +62,19 @@ class StepRequest:
     num_candidates: int = 1
     sampling: SamplingParams = field(default_factory=SamplingParams)
     want_logits: bool = False
+    num_hidden: int = 0  # target: also return the features (final-normed hidden states) of the last N inputs
+    features: np.ndarray | None = None  # EAGLE draft: [len(input_ids), feature_size], each input token's feature
 
 
 @dataclass
 class StepResult:
-    """Target: greedy token after each scored position. Draft: the proposed tokens."""
+    """Target: greedy token after each scored position (and `hidden`: the features asked for). Draft: the
+    proposed tokens."""
 
     token_ids: np.ndarray = field(default_factory=lambda: EMPTY_IDS)
     logits: np.ndarray | None = None
     error: SpecDecError | None = None
+    hidden: np.ndarray | None = None
 
 
 class _Engine:
@@ -101,12 +105,12 @@ class _Engine:
             self.runtime.resize_rows(entry.slot, needed)  # CapacityError when the pool is full
         return entry
 
-    def _forward(self, items: list[ForwardItem]) -> list[np.ndarray]:
-        """One forward per group of similar widths (group_by_width); logits in the order of `items`."""
-        outputs: list[np.ndarray] = [np.zeros(0)] * len(items)
+    def _forward(self, items: list[ForwardItem]) -> list[ForwardOutput]:
+        """One forward per group of similar widths (group_by_width); outputs in the order of `items`."""
+        outputs: list[ForwardOutput] = [ForwardOutput(np.zeros(0))] * len(items)
         for group in group_by_width(items):
-            for i, logits in zip(group, self.runtime.forward([items[i] for i in group]), strict=True):
-                outputs[i] = logits
+            for i, output in zip(group, self.runtime.forward_outputs([items[i] for i in group]), strict=True):
+                outputs[i] = output
         return outputs
 
     def step(self, requests: list[StepRequest]) -> list[StepResult]:
@@ -150,18 +154,21 @@ class TargetEngine(_Engine):
                 if len(request.input_ids):
                     if not 1 <= request.num_logits <= len(request.input_ids):
                         raise InvalidRequestError("num_logits", f"must be in 1..{len(request.input_ids)}")
+                    if not 0 <= request.num_hidden <= len(request.input_ids):
+                        raise InvalidRequestError("num_hidden", f"must be in 0..{len(request.input_ids)}")
                     item = ForwardItem(entry.slot, request.past_length, np.asarray(request.input_ids),
-                                       request.num_logits, request.tree_parents)
+                                       request.num_logits, request.tree_parents, num_hidden=request.num_hidden)
                     batch.append((i, entry, item))
             except SpecDecError as exc:
                 results[i].error = exc
         if batch:
             outputs = self._forward([item for _, _, item in batch])
-            for (i, entry, item), logits in zip(batch, outputs, strict=True):
+            for (i, entry, item), output in zip(batch, outputs, strict=True):
                 entry.written_length = item.past_length + item.num_tokens
-                results[i].token_ids = logits.argmax(axis=-1).astype(np.int64)
+                results[i].token_ids = output.logits.argmax(axis=-1).astype(np.int64)
+                results[i].hidden = output.hidden
                 if requests[i].want_logits:
-                    results[i].logits = logits
+                    results[i].logits = output.logits
         return results
 
 
@@ -183,6 +190,7 @@ class _Growth:
     rng: np.random.Generator
     tokens: list[int] = field(default_factory=list)
     logits: list[np.ndarray] = field(default_factory=list)
+    features: np.ndarray | None = None  # EAGLE: the features of the newest level's tokens (the head's own)
 
     @property
     def width(self) -> int:
@@ -210,7 +218,20 @@ class DraftEngine(_Engine):
     """Proposes a chain (num_candidates = 1) or a tree of `num_candidates` chains of `num_draft_tokens`
     tokens per sequence in one call, looping inside. Tree rows are scratch: the caller's next
     `past_length` drops them, and the accepted tokens come back as catch-up input. A step with input and
-    `num_draft_tokens` 0 only writes the input's rows (a chunk of a long prompt) and proposes nothing."""
+    `num_draft_tokens` 0 only writes the input's rows (a chunk of a long prompt) and proposes nothing.
+
+    Over an EAGLE head (runtime.feature_size > 0) every input token comes with its feature (the target's, from
+    verification); each drafted token's row is fed the head's own output feature at its parent's row."""
+
+    def _features(self, request: StepRequest) -> np.ndarray | None:
+        size = self.runtime.feature_size
+        if not size:
+            return None
+        shape = (len(request.input_ids), size)
+        if request.features is None or request.features.shape != shape:
+            got = None if request.features is None else request.features.shape
+            raise InvalidRequestError("features", f"an EAGLE draft needs features of shape {shape}, got {got}")
+        return np.asarray(request.features, dtype=np.float32)
 
     def _step(self, requests: list[StepRequest]) -> list[StepResult]:
         self.slots.evict_idle()
@@ -228,13 +249,16 @@ class DraftEngine(_Engine):
                 entry = self._prepare(request, extra_rows=max(c * k - 1, 0))
                 if k and not len(request.input_ids):
                     raise InvalidRequestError("input_ids", "drafting needs at least one new token")
+                features = self._features(request) if len(request.input_ids) else None
+                eagle = features is not None
                 if k:
                     base = request.past_length + len(request.input_ids)
                     growing.append(_Growth(i, entry, request, base, make_rng(request.sampling.seed)))
-                    items.append(ForwardItem(entry.slot, request.past_length, np.asarray(request.input_ids)))
+                    items.append(ForwardItem(entry.slot, request.past_length, np.asarray(request.input_ids),
+                                             num_hidden=int(eagle), features=features))
                 elif len(request.input_ids):
                     catch_up.append((entry, ForwardItem(entry.slot, request.past_length,
-                                                        np.asarray(request.input_ids))))
+                                                        np.asarray(request.input_ids), features=features)))
             except SpecDecError as exc:
                 results[i].error = exc
         if catch_up:
@@ -244,12 +268,15 @@ class DraftEngine(_Engine):
         while growing:
             outputs = self._forward(items)
             next_growing, next_items = [], []
-            for growth, item, logits in zip(growing, items, outputs, strict=True):
+            for growth, item, output in zip(growing, items, outputs, strict=True):
+                logits = output.logits
                 growth.entry.written_length = item.end_row
                 first_level = not growth.tokens
                 count = growth.width if first_level else 1
                 new = growth.choose(logits, count)
                 growth.tokens.extend(new)
+                if output.hidden is not None:  # EAGLE: a new token's feature is its parent row's output
+                    growth.features = np.repeat(output.hidden[-1:], count, axis=0) if first_level else output.hidden
                 if growth.request.want_logits:
                     growth.logits.extend([logits[-1]] * count if first_level else list(logits))
                 if growth.depth < growth.request.num_draft_tokens:
@@ -266,10 +293,12 @@ class DraftEngine(_Engine):
     @staticmethod
     def _extend(growth: _Growth, new: list[int]) -> ForwardItem:
         """The forward that scores the newest level of a growing chain or tree."""
+        features = growth.features
+        num_hidden = 0 if features is None else len(new)
         if growth.width == 1:
             row = growth.base + growth.depth - 1
-            return ForwardItem(growth.entry.slot, row, np.array(new))
+            return ForwardItem(growth.entry.slot, row, np.array(new), num_hidden=num_hidden, features=features)
         cached = len(growth.tokens) - growth.width
         return ForwardItem(growth.entry.slot, growth.base, np.array(new), num_logits=len(new),
                            tree_parents=np.array(tree_draft_parents(growth.width, growth.depth)),
-                           num_cached_nodes=cached)
+                           num_cached_nodes=cached, num_hidden=num_hidden, features=features)

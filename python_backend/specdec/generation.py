@@ -36,6 +36,7 @@ from specdec.adaptive import AcceptanceEstimate, CostModel, choose_length
 from specdec.config import SpeculationSettings
 from specdec.drafting.base import Proposal
 from specdec.drafting.draft_model import DraftModelDrafter
+from specdec.drafting.eagle import EagleDrafter
 from specdec.drafting.ngram import NgramDrafter
 from specdec.engines import StepRequest, StepResult
 from specdec.errors import InvalidRequestError
@@ -52,6 +53,8 @@ class ModelBackend(Protocol):
     async def target_step(self, request: StepRequest) -> StepResult: ...
 
     async def draft_step(self, request: StepRequest) -> StepResult: ...
+
+    async def eagle_step(self, request: StepRequest) -> StepResult: ...
 
 
 @dataclass
@@ -91,6 +94,7 @@ class GenerationStats:
     speculation_length: int = 0  # the k of the latest iteration (0 = plain step)
     fallback_active: bool = False
     task: str = ""
+    drafter: str = ""  # model | eagle | ngram: what proposes for this generation; "none": plain decoding
 
     @property
     def acceptance_rate(self) -> float:
@@ -180,13 +184,21 @@ class _Run:
         self.stats = stats
         self.settings = request.speculation()
         stats.task = self.settings.task
+        stats.drafter = self.settings.drafter if self.settings.enabled else "none"
         self.sampling = request.sampling
         self.rng = make_rng(self.sampling.seed, 0)
         self.need_target_logits = not self.sampling.greedy or self.settings.acceptance != "greedy"
         self.estimate = AcceptanceEstimate()
         self.monitor = gen.monitors.get(self.settings.task)
         self.speculate = self.settings.enabled
-        self.model_drafter = DraftModelDrafter(self.backend, sequence_id) if self.settings.drafter == "model" else None
+        # The drafter that keeps a KV slot: the draft model, or the EAGLE head (which also needs the target's
+        # features of every committed token: `eagle`).
+        self.model_drafter: DraftModelDrafter | EagleDrafter | None = None
+        if self.settings.drafter == "model":
+            self.model_drafter = DraftModelDrafter(self.backend, sequence_id)
+        elif self.settings.drafter == "eagle":
+            self.model_drafter = EagleDrafter(self.backend, sequence_id)
+        self.eagle = self.model_drafter if isinstance(self.model_drafter, EagleDrafter) else None
         self.ngram_drafter = NgramDrafter() if self.settings.drafter == "ngram" else None
         self.tokens = list(request.prompt_ids)
         self.prompt_len = len(self.tokens)
@@ -227,14 +239,28 @@ class _Run:
             last = end == self.prompt_len
             step = self._target(StepRequest(
                 self.sequence_id, past_length=start, input_ids=np.asarray(self.tokens[start:end]), start=not start,
-                want_logits=self.need_target_logits and last,
+                want_logits=self.need_target_logits and last, num_hidden=(end - start) if self._want_features else 0,
             ), end - start)
-            if len(chunks) > 1 and self.speculate and self.model_drafter is not None:
+            if len(chunks) > 1 and self.speculate and self.model_drafter is not None and self.eagle is None:
                 result, _ = await asyncio.gather(step, self._prefill_draft(end))
             else:
                 result = await step
+            self._keep_features(start, result.hidden)
+            if self.eagle is not None and len(chunks) > 1 and not last:
+                await self._prefill_draft(end)  # the head's rows of this chunk need its features: after it
             self.target_valid = end
         return result
+
+    @property
+    def _want_features(self) -> bool:
+        """The target returns the features of its inputs while an EAGLE head drafts for this sequence."""
+        return self.eagle is not None and self.speculate
+
+    def _keep_features(self, first_position: int, rows: np.ndarray | None) -> None:
+        if self._want_features:
+            if rows is None:
+                raise StepError("target_model returned no hidden states for the EAGLE head")
+            self.eagle.add_features(first_position, rows)
 
     async def _prefill_draft(self, end: int) -> None:
         """The draft model's rows of the prompt up to `end` (a failure degrades to plain decoding)."""
@@ -244,8 +270,8 @@ class _Run:
         try:
             await self.model_drafter.prefill(self.tokens[:end])
         except Exception as exc:
-            log.warning("draft_model prefill failed (%s); sequence %d continues without speculation", exc,
-                        self.sequence_id)
+            log.warning("%s prefill failed (%s); sequence %d continues without speculation", self._drafter_model,
+                        exc, self.sequence_id)
             self.stats.draft_failures += 1
             self.speculate = False
 
@@ -258,7 +284,8 @@ class _Run:
         nodes = proposal.tokens if proposal else []
         tree = proposal is not None and not proposal.is_chain
         step = StepRequest(self.sequence_id, past_length=self.target_valid, input_ids=np.asarray(pending + nodes),
-                           num_logits=len(nodes) + 1, want_logits=self.need_target_logits)
+                           num_logits=len(nodes) + 1, want_logits=self.need_target_logits,
+                           num_hidden=m + len(nodes) if self._want_features else 0)
         if tree:
             step.tree_parents = np.asarray(
                 [i - 1 for i in range(m)] + [m - 1 if p < 0 else p + m for p in proposal.parents]
@@ -269,9 +296,12 @@ class _Run:
             self.pending_commit = None
         result = await self._target(step, m + len(nodes))
         if proposal is None:
+            self._keep_features(self.target_valid, result.hidden)
             self.target_valid = len(self.tokens)
             return [self._pick(result, -1)]
         verdict = self._verify(proposal, result)
+        if self._want_features:  # the features of the pending tokens and of the accepted path
+            self._keep_features(self.target_valid, result.hidden[list(range(m)) + [m + node for node in verdict.path]])
         self.stats.record_verification(proposal.depth, verdict.accepted)
         self.estimate.observe(verdict.accepted, proposal.depth)
         if self.monitor is not None:
@@ -317,13 +347,18 @@ class _Run:
             proposal = await self.model_drafter.propose(self.tokens, k, self.settings.num_candidates,
                                                         draft_sampling, want_probs=lossless_sampling)
         except Exception as exc:  # a failing draft degrades to plain decoding, never to an error
-            log.warning("draft_model failed (%s); sequence %d continues without speculation", exc, self.sequence_id)
+            log.warning("%s failed (%s); sequence %d continues without speculation", self._drafter_model, exc,
+                        self.sequence_id)
             self.stats.draft_failures += 1
             self.speculate = False
             return None
         self.stats.draft_calls += 1
         self.gen.costs.draft.observe(k, self.gen._clock() - started)
         return proposal
+
+    @property
+    def _drafter_model(self) -> str:
+        return "eagle_draft" if self.eagle is not None else "draft_model"
 
     def _verify(self, proposal: Proposal, result: StepResult) -> Verdict:
         mode = self.settings.acceptance

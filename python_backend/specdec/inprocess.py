@@ -15,9 +15,11 @@ from specdec.engines import DraftEngine, StepRequest, StepResult, TargetEngine
 
 
 class InProcessBackend:
-    def __init__(self, target: TargetEngine, draft: DraftEngine | None = None) -> None:
+    def __init__(self, target: TargetEngine, draft: DraftEngine | None = None,
+                 eagle: DraftEngine | None = None) -> None:
         self.target = target
         self.draft = draft
+        self.eagle = eagle
 
     async def target_step(self, request: StepRequest) -> StepResult:
         return self.target.step([request])[0]
@@ -26,6 +28,11 @@ class InProcessBackend:
         if self.draft is None:
             raise RuntimeError("no draft model is loaded")
         return self.draft.step([request])[0]
+
+    async def eagle_step(self, request: StepRequest) -> StepResult:
+        if self.eagle is None:
+            raise RuntimeError("no EAGLE head is loaded")
+        return self.eagle.step([request])[0]
 
 
 class _Batcher:
@@ -65,9 +72,11 @@ class BatchingBackend:
     sees every engine step (tests and benchmarks use it to see what ran together)."""
 
     def __init__(self, target: TargetEngine, draft: DraftEngine | None = None,
-                 on_batch: Callable[[str, list[StepRequest]], None] = lambda model, requests: None) -> None:
+                 on_batch: Callable[[str, list[StepRequest]], None] = lambda model, requests: None,
+                 eagle: DraftEngine | None = None) -> None:
         self._target = _Batcher(target, lambda requests: on_batch("target", requests))
         self._draft = _Batcher(draft, lambda requests: on_batch("draft", requests)) if draft is not None else None
+        self._eagle = _Batcher(eagle, lambda requests: on_batch("eagle", requests)) if eagle is not None else None
 
     async def target_step(self, request: StepRequest) -> StepResult:
         return await self._target.submit(request)
@@ -76,3 +85,8 @@ class BatchingBackend:
         if self._draft is None:
             raise RuntimeError("no draft model is loaded")
         return await self._draft.submit(request)
+
+    async def eagle_step(self, request: StepRequest) -> StepResult:
+        if self._eagle is None:
+            raise RuntimeError("no EAGLE head is loaded")
+        return await self._eagle.submit(request)

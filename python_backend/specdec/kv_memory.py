@@ -81,8 +81,10 @@ class KVPoolConfig:
 
     @classmethod
     def from_json(cls, text: str, models_root: str | Path) -> KVPoolConfig:
+        """An `optional` model (the EAGLE head) counts only when its folder holds a checkpoint."""
         data = json.loads(text)
-        models = data["models"]
+        models = [model for model in data["models"] if not model.get("optional")
+                  or (Path(models_root) / model["dir"] / "config.json").is_file()]
         for model in models:
             if model["dtype"] not in DTYPE_BYTES:
                 raise ValueError(f"kv_pool: dtype {model['dtype']!r} is not one of {', '.join(DTYPE_BYTES)}")

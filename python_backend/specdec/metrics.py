@@ -33,6 +33,7 @@ INSTANCE = "model_instance"  # not "instance": Prometheus sets that label to the
 OUTCOME = "outcome"
 ERROR_KIND = "kind"
 POSITION = "position"
+DRAFTER = "drafter"
 
 UNKNOWN_TASK = "unknown"
 # Outcomes of a request: the generator's finish reasons plus "error".
@@ -76,6 +77,9 @@ ACCEPTED_DRAFT_TOKENS = MetricSpec("specdec_accepted_draft_tokens_total", "count
 ACCEPTED_BY_POSITION = MetricSpec("specdec_accepted_draft_tokens_by_position_total", "counter",
                                   "Accepted draft tokens by their position in the proposal (0 = first).",
                                   (*_REQ, POSITION))
+DRAFTER_REQUESTS = MetricSpec("specdec_drafter_requests_total", "counter",
+                              "Generation requests by the drafter that proposed for them (model, eagle, ngram; "
+                              "none: plain decoding).", (*_REQ, DRAFTER))
 VERIFICATION_PASSES = MetricSpec("specdec_verification_passes_total", "counter",
                                  "Target forward passes that verified a draft proposal.", _REQ)
 TARGET_CALLS = MetricSpec("specdec_target_calls_total", "counter",
@@ -307,6 +311,7 @@ class GenerationMetrics:
         if stats is None:
             return
         tokens = int(stats.output_tokens)
+        sink.increment(DRAFTER_REQUESTS, {**labels, DRAFTER: _stat(stats, ("drafter",), "") or "none"}, 1)
         if tokens > 1 and timer.first_token is not None and timer.last_token is not None:
             sink.observe(ITL, labels, (timer.last_token - timer.first_token) / (tokens - 1))
         for spec, value in ((OUTPUT_TOKENS, tokens), (DRAFT_TOKENS, stats.draft_tokens),

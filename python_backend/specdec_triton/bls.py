@@ -18,9 +18,11 @@ from specdec_triton.tensors import ids_tensor, value_tensor
 
 
 class BlsModelBackend:
-    def __init__(self, target_model: str = MODEL_NAMES["target"], draft_model: str = MODEL_NAMES["draft"]) -> None:
+    def __init__(self, target_model: str = MODEL_NAMES["target"], draft_model: str = MODEL_NAMES["draft"],
+                 eagle_model: str = MODEL_NAMES["eagle"]) -> None:
         self.target_model = target_model
         self.draft_model = draft_model
+        self.eagle_model = eagle_model
 
     async def target_step(self, request: StepRequest) -> StepResult:
         return await self._call(self.target_model, request)
@@ -28,10 +30,17 @@ class BlsModelBackend:
     async def draft_step(self, request: StepRequest) -> StepResult:
         return await self._call(self.draft_model, request)
 
+    async def eagle_step(self, request: StepRequest) -> StepResult:
+        return await self._call(self.eagle_model, request)
+
     async def _call(self, model: str, step: StepRequest) -> StepResult:
         inputs = [ids_tensor("input_ids", step.input_ids), value_tensor("past_length", step.past_length, np.int32)]
         if step.num_logits != 1:
             inputs.append(value_tensor("num_logits", step.num_logits, np.int32))
+        if step.num_hidden:
+            inputs.append(value_tensor("num_hidden", step.num_hidden, np.int32))
+        if step.features is not None:
+            inputs.append(pb_utils.Tensor("features", np.asarray(step.features, np.float32).reshape(1, -1)))
         if step.num_draft_tokens:
             inputs.append(value_tensor("num_draft_tokens", step.num_draft_tokens, np.int32))
         if step.num_candidates != 1:
@@ -54,6 +63,8 @@ class BlsModelBackend:
         if step.end:
             flags |= pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
         outputs = ["token_ids", "logits"] if step.want_logits else ["token_ids"]
+        if step.num_hidden:
+            outputs.append("hidden_states")
         request = pb_utils.InferenceRequest(
             model_name=model, inputs=inputs, requested_output_names=outputs,
             correlation_id=step.sequence_id, flags=flags,
@@ -63,7 +74,9 @@ class BlsModelBackend:
             return StepResult(error=SpecDecError(response.error().message()))
         token_ids = pb_utils.get_output_tensor_by_name(response, "token_ids")
         logits = pb_utils.get_output_tensor_by_name(response, "logits") if step.want_logits else None
+        hidden = pb_utils.get_output_tensor_by_name(response, "hidden_states") if step.num_hidden else None
         return StepResult(
             token_ids=token_ids.as_numpy().reshape(-1).astype(np.int64) if token_ids is not None else np.zeros(0),
             logits=logits.as_numpy()[0] if logits is not None else None,
+            hidden=hidden.as_numpy()[0] if hidden is not None else None,
         )

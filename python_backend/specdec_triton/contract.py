@@ -63,6 +63,7 @@ STATS_OUTPUTS = (
     TensorSpec("num_output_tokens", "INT32"),
     TensorSpec("fallback_active", "BOOL"),
     TensorSpec("num_input_tokens", "INT32"),
+    TensorSpec("drafter_used", "STRING"),  # model | eagle | ngram, or none (plain decoding)
 )
 # text_output as TensorRT-LLM's postprocessing returns it: flattened over batch x beam, shape [1] for one prompt
 # (its end_to_end_grpc_client.py reads `as_numpy("text_output")[0].decode()`). batch_index and sequence_index are
@@ -95,6 +96,9 @@ DECODER_INPUTS = (
     TensorSpec("tree_parents", "INT32", (-1,), optional=True, ragged=True),
     TensorSpec("commit_base", "INT32", optional=True),
     TensorSpec("commit_rows", "INT32", (-1,), optional=True, ragged=True),
+    # Return the features (final-normed hidden states) of the last num_hidden inputs as hidden_states: what an
+    # EAGLE head drafts from.
+    TensorSpec("num_hidden", "INT32", optional=True),
 )
 DRAFT_INPUTS = (
     *DECODER_INPUTS,
@@ -105,7 +109,10 @@ DRAFT_INPUTS = (
     TensorSpec("top_p", "FP32", optional=True),
     TensorSpec("seed", "UINT64", optional=True),
 )
-DECODER_OUTPUTS = (TensorSpec("token_ids", "INT32", (-1,)), TensorSpec("logits", "FP32", (-1, -1)))
+# eagle_draft: the feature of every input token, [len(input_ids), feature_size] flattened (ragged like input_ids).
+EAGLE_INPUTS = (*DRAFT_INPUTS, TensorSpec("features", "FP32", (-1,), optional=True, ragged=True))
+DECODER_OUTPUTS = (TensorSpec("token_ids", "INT32", (-1,)), TensorSpec("logits", "FP32", (-1, -1)),
+                   TensorSpec("hidden_states", "FP32", (-1, -1)))
 
 # Sequence-batcher control tensors delivered to target_model / draft_model.
 CONTROL_START = "START"
@@ -119,4 +126,5 @@ MODEL_NAMES = {
     "postprocessing": "postprocessing",
     "target": "target_model",
     "draft": "draft_model",
+    "eagle": "eagle_draft",
 }

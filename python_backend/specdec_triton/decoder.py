@@ -1,4 +1,4 @@
-"""The Triton adapter of `target_model` and `draft_model`: tensors in, engine step, tensors out.
+"""The Triton adapter of `target_model`, `draft_model` and `eagle_draft`: tensors in, engine step, tensors out.
 
 Both are sequence-batched Python models: Triton delivers START/END/CORRID controls and groups steps of
 different sequences into one execute(), which the engine serves with one padded forward. The KV pool's size
@@ -38,6 +38,12 @@ def read_step(request: Any) -> StepRequest:
     input_ids = ids("input_ids")
     if input_ids is None:
         raise InvalidRequestError("input_ids", "is required")
+    features = pb_utils.get_input_tensor_by_name(request, "features")
+    if features is not None:
+        flat = features.as_numpy().reshape(-1).astype(np.float32)
+        if len(input_ids) == 0 or flat.size % len(input_ids):
+            raise InvalidRequestError("features", f"{flat.size} values do not split over {len(input_ids)} tokens")
+        features = flat.reshape(len(input_ids), -1)
     return StepRequest(
         sequence_id=int(scalar(request, c.CONTROL_CORRID)),
         past_length=int(scalar(request, "past_length", 0)),
@@ -53,6 +59,8 @@ def read_step(request: Any) -> StepRequest:
         sampling=SamplingParams(float(scalar(request, "temperature", 0.0)), int(scalar(request, "top_k", 0)),
                                 float(scalar(request, "top_p", 1.0)), scalar(request, "seed", None)),
         want_logits="logits" in request.requested_output_names(),
+        num_hidden=int(scalar(request, "num_hidden", 0)),
+        features=features,
     )
 
 
@@ -62,11 +70,14 @@ def write_result(result: StepResult) -> Any:
     outputs = [ids_tensor("token_ids", result.token_ids)]
     if result.logits is not None:
         outputs.append(pb_utils.Tensor("logits", result.logits.astype(np.float32)[None]))
+    if result.hidden is not None:
+        outputs.append(pb_utils.Tensor("hidden_states", result.hidden.astype(np.float32)[None]))
     return pb_utils.InferenceResponse(output_tensors=outputs)
 
 
 class DecoderModel:
-    """TritonPythonModel for both decoders; the `role` parameter picks target or draft."""
+    """TritonPythonModel for every decoder; the `role` parameter picks target, or draft (draft and eagle:
+    the EAGLE head is a draft whose runtime reads features)."""
 
     def initialize(self, args: dict) -> None:
         params = model_parameters(args)
@@ -80,7 +91,7 @@ class DecoderModel:
             num_threads=int(params.get("num_threads", 1)), engine_dir=params.get("engine_dir"),
             num_blocks=pool.num_blocks() if pool else None, block_size=pool.block_size if pool else None,
         )
-        engine_class = DraftEngine if params["role"] == "draft" else TargetEngine
+        engine_class = DraftEngine if params["role"] in ("draft", "eagle") else TargetEngine
         self.engine = engine_class(runtime, idle_timeout_s=float(params["idle_timeout_s"]))
         self.metric_sink = TritonMetricSink()
         engine = self.engine

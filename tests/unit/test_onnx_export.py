@@ -115,9 +115,10 @@ def test_dynamic_axes_accept_other_sizes(tiny_pair, tmp_path):
     for batch, width, past in ((1, 1, 1), (4, 9, 30), (3, 2, 7)):
         feeds = dict(zip(INPUTS, (t.numpy() for t in example_inputs(spec, torch.float32, batch, width, past)),
                          strict=True))
-        logits, new_keys, new_values = session.run(None, feeds)
+        logits, new_keys, new_values, hidden = session.run(None, feeds)
         assert logits.shape == (batch * width - 1, spec.vocab_size)
         assert new_keys.shape == new_values.shape == (spec.num_layers, batch, spec.num_kv_heads, width, spec.head_dim)
+        assert hidden.shape == (batch * width, spec.hidden_size)
 
 
 @pytest.mark.parametrize("role", ["target", "draft"])
@@ -185,8 +186,8 @@ def test_fp16_export_runs_close_and_bf16_export_is_valid(tiny_pair, tmp_path):
     half = ort.InferenceSession(str(export_decoder(target_dir, tmp_path / "f16.onnx", dtype="float16")),
                                 providers=["CPUExecutionProvider"])
     feeds16 = [f.astype(np.float16) if f.dtype == np.float32 else f for f in feeds32]
-    logits16, keys16, _ = half.run(None, dict(zip(INPUTS, feeds16, strict=True)))
-    assert logits16.dtype == np.float32 and keys16.dtype == np.float16
+    logits16, keys16, _, hidden16 = half.run(None, dict(zip(INPUTS, feeds16, strict=True)))
+    assert logits16.dtype == hidden16.dtype == np.float32 and keys16.dtype == np.float16
     scale = np.abs(ref[0]).max()
     assert np.abs(logits16 - ref[0]).max() < 0.05 * scale
     assert (logits16.argmax(-1) == ref[0].argmax(-1)).mean() >= 0.9

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from specdec.adaptive import CostModel
 from specdec.admission import Admission, CancelledWhileQueued
-from specdec.config import SpeculationConfig, resolve
+from specdec.config import DRAFTERS, SpeculationConfig, resolve
 from specdec.detokenize import IncrementalDetokenizer
 from specdec.errors import DeadlineExceededError, InvalidRequestError
 from specdec.fallback import FallbackMonitor
@@ -25,7 +26,7 @@ from specdec.metrics import ACTIVE_REQUESTS, UNKNOWN_TASK, GenerationMetrics, Pr
 from specdec.params import RequestOptions, ServerLimits, parse_request
 from specdec.tokenizer import TextTokenizer
 from specdec_triton.bls import BlsModelBackend
-from specdec_triton.contract import GENERATION_INPUTS
+from specdec_triton.contract import GENERATION_INPUTS, MODEL_NAMES
 from specdec_triton.metrics import TritonMetricSink
 from specdec_triton.tensors import (
     check_token_ids,
@@ -50,6 +51,7 @@ def stats_tensors(stats: GenerationStats, num_input_tokens: int, num_output_toke
         # Plain decoding instead of speculation: by the acceptance monitor, or because draft_model failed.
         value_tensor("fallback_active", stats.fallback_active or stats.draft_failures > 0, np.bool_),
         value_tensor("num_input_tokens", num_input_tokens, np.int32),
+        pb_utils.Tensor("drafter_used", np.array([[stats.drafter.encode()]], dtype=object)),
     ]
 
 
@@ -86,6 +88,10 @@ class TritonPythonModel:
             exclude_input_in_output=params.get("default_exclude_input_in_output", "false").lower() == "true",
         )
         self.speculation = SpeculationConfig.load(model_dir(args) / params["profiles_file"])
+        # The EAGLE head is served when the repository holds its checkpoint (an imported pair has none).
+        eagle_head = Path(args["model_repository"]).parent / MODEL_NAMES["eagle"] / "1" / "config.json"
+        served = tuple(d for d in DRAFTERS if d != "eagle" or eagle_head.is_file())
+        self.speculation = self.speculation.serving(served)
         # Shared by this instance's requests: fallback state per task, and the measured call costs.
         monitors = {task: FallbackMonitor(task, self.speculation.fallback) for task in self.speculation.profiles}
         self.generator = SpeculativeGenerator(

@@ -9,7 +9,7 @@ from specdec.engines import StepRequest, tree_draft_parents
 from specdec.sampling import SamplingParams, probabilities
 
 
-def _slot_lost(message: str) -> bool:
+def slot_lost(message: str) -> bool:
     """Errors meaning the sequence's draft state is gone: our slot table's, or Triton's sequence batcher's."""
     return "has no KV slot" in message or "START flag" in message
 
@@ -30,7 +30,7 @@ class DraftModelDrafter:
         start = not self.started
         self.started = True  # END at release even if this call fails: a failed START can still hold a KV slot
         result = await self._draft(tokens, start, k, candidates, sampling, want_probs)
-        if result.error is not None and not start and _slot_lost(str(result.error)):
+        if result.error is not None and not start and slot_lost(str(result.error)):
             # The draft slot expired while this sequence decoded plainly (fallback longer than the idle
             # timeout): start it again with the whole context instead of giving up on speculation.
             self.valid = 0

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specdec.checkpoint import ModelSpec
 from specdec.kv_memory import DEFAULT_BLOCK_SIZE, BlockPool, blocks_for
 
 
@@ -27,6 +28,10 @@ class ForwardItem:
     prefix; parents before children); the first `num_cached_nodes` nodes were written by earlier calls at
     rows `past_length ..`, the new tokens are the remaining nodes, written after them. Each node attends to
     the prefix and its ancestors, at position `past_length + depth`.
+
+    `num_hidden`: also return the final-normed hidden states (what the output layer reads) of the last
+    `num_hidden` input positions: the features an EAGLE head drafts from. `features` [num_tokens,
+    feature_size]: the feature of every input token, for a runtime over an EAGLE head (ModelSpec.eagle).
     """
 
     slot: int
@@ -35,6 +40,8 @@ class ForwardItem:
     num_logits: int = 1
     tree_parents: np.ndarray | None = None
     num_cached_nodes: int = 0
+    num_hidden: int = 0
+    features: np.ndarray | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -50,6 +57,15 @@ class ForwardItem:
         return self.first_row + self.num_tokens
 
 
+@dataclass
+class ForwardOutput:
+    """One item's results: fp32 logits [num_logits, vocab]; fp32 hidden states [num_hidden, hidden] (None when
+    `num_hidden` is 0)."""
+
+    logits: np.ndarray
+    hidden: np.ndarray | None = None
+
+
 def make_pool(num_slots: int, max_length: int, num_blocks: int | None, block_size: int | None) -> BlockPool:
     """The block pool of a runtime; `num_blocks` None: room for every slot at full length (the old static
     cache's capacity, what tools and tests that drive a runtime directly expect)."""
@@ -60,6 +76,7 @@ def make_pool(num_slots: int, max_length: int, num_blocks: int | None, block_siz
 class DecoderRuntime(ABC):
     """A decoder with a paged KV cache: `kv` holds the block tables, the subclass the arrays."""
 
+    spec: ModelSpec
     vocab_size: int
     num_slots: int
     max_length: int
@@ -100,10 +117,19 @@ class DecoderRuntime(ABC):
             out[where] = self.kv.physical_rows(int(slot), rows[where])
         return out
 
-    @abstractmethod
     def forward(self, items: list[ForwardItem]) -> list[np.ndarray]:
         """Run one padded forward for all items; returns, per item, fp32 logits [num_logits, vocab]
         for its last `num_logits` input positions."""
+        return [output.logits for output in self.forward_outputs(items)]
+
+    @abstractmethod
+    def forward_outputs(self, items: list[ForwardItem]) -> list[ForwardOutput]:
+        """`forward` with the hidden states each item asked for (`num_hidden`)."""
+
+    @property
+    def feature_size(self) -> int:
+        """Width of the `features` an EAGLE head reads per input token (0: a plain decoder)."""
+        return self.spec.eagle_feature_size
 
     @abstractmethod
     def move_rows(self, slot: int, src_rows: np.ndarray, dst_start: int) -> None:

@@ -15,13 +15,17 @@ from pathlib import Path
 from specdec.checkpoint import PROPOSAL_VOCAB_FILE, read_proposal_vocab, read_spec
 
 # Bump when inputs, outputs or semantics change: cached exports are then rebuilt. 2: model families (biases,
-# q/k norms, rotary types from transformers).
-GRAPH_VERSION = 2
+# q/k norms, rotary types from transformers). 3: the hidden_states output; EAGLE heads' features input.
+GRAPH_VERSION = 3
 PRECISIONS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # TensorRT build flag -> graph dtype
 DEFAULT_PRECISION = "fp16"
 INPUTS = ("input_ids", "position_ids", "attention_mask", "past_keys", "past_values", "logit_rows")
-OUTPUTS = ("logits", "new_keys", "new_values")
+# An EAGLE head's graph (ModelSpec.is_eagle) also takes the feature of every input token.
+EAGLE_INPUTS = (*INPUTS, "features")
+OUTPUTS = ("logits", "new_keys", "new_values", "hidden_states")
 DYNAMIC_AXES = {
+    "features": {0: "batch", 1: "new_tokens"},
+    "hidden_states": {0: "rows"},
     "input_ids": {0: "batch", 1: "new_tokens"},
     "position_ids": {0: "batch", 1: "new_tokens"},
     "attention_mask": {0: "batch", 1: "new_tokens", 2: "key_length"},
@@ -34,6 +38,11 @@ DYNAMIC_AXES = {
 }
 ONNX_FILE = "decoder.onnx"
 META_PREFIX = "specdec."
+
+
+def graph_inputs(is_eagle: bool) -> tuple[str, ...]:
+    """The input names of a checkpoint's step graph."""
+    return EAGLE_INPUTS if is_eagle else INPUTS
 
 
 def checkpoint_fingerprint(model_dir: str | Path) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from specdec.checkpoint import ModelSpec
-from specdec.runtime.base import DecoderRuntime, ForwardItem, make_pool
+from specdec.runtime.base import DecoderRuntime, ForwardItem, ForwardOutput, make_pool
 from specdec.runtime.layout import plan_batch, split_for_limits
 
 NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
@@ -29,7 +29,7 @@ class SlottedGraphRuntime(DecoderRuntime):
     """DecoderRuntime over a stateless step graph; subclasses implement `_run`.
 
     Arrays are numpy by default; a subclass keeping its cache elsewhere overrides `_zeros`, `_index`,
-    `_mask`, `_gather`, `_new_rows`, `_logits_to_numpy` and `kv_cache_bytes`."""
+    `_mask`, `_features`, `_gather`, `_new_rows`, `_logits_to_numpy` and `kv_cache_bytes`."""
 
     max_batch: int | None = None  # items per graph call (None: unlimited)
     max_step_tokens: int | None = None  # new tokens per item per graph call (None: unlimited)
@@ -62,6 +62,10 @@ class SlottedGraphRuntime(DecoderRuntime):
     def _mask(self, values: np.ndarray) -> Any:
         return values
 
+    def _features(self, values: np.ndarray) -> Any:
+        """fp32 [B, W, F] features of an EAGLE head's input tokens."""
+        return values
+
     def _gather(self, cache: Any, rows: Any) -> Any:
         """cache [L, H, R, D] at physical `rows` [B, 1, past] -> [L, B, H, past, D] (a copy)."""
         return cache[:, self._heads, rows]
@@ -79,10 +83,11 @@ class SlottedGraphRuntime(DecoderRuntime):
         return int(self.k_cache.nbytes + self.v_cache.nbytes)
 
     @abstractmethod
-    def _run(self, feeds: dict[str, Any]) -> tuple[Any, Any, Any]:
-        """Run the graph on `feeds` (arrays of this runtime's kind); returns (logits, new_keys, new_values)."""
+    def _run(self, feeds: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+        """Run the graph on `feeds` (arrays of this runtime's kind); returns (logits, new_keys, new_values,
+        hidden_states)."""
 
-    def forward(self, items: list[ForwardItem]) -> list[np.ndarray]:
+    def forward_outputs(self, items: list[ForwardItem]) -> list[ForwardOutput]:
         if not items:
             return []
         self._grow_for(items)
@@ -91,16 +96,20 @@ class SlottedGraphRuntime(DecoderRuntime):
         )
         if fits:
             return self._forward_batch(items)
-        parts: list[list[np.ndarray]] = [[] for _ in items]
+        logits: list[list[np.ndarray]] = [[] for _ in items]
+        hidden: list[list[np.ndarray]] = [[] for _ in items]
         for pieces in split_for_limits(items, self.max_batch, self.max_step_tokens):
             outputs = self._forward_batch([piece.item for piece in pieces])
-            for piece, logits in zip(pieces, outputs, strict=True):
+            for piece, output in zip(pieces, outputs, strict=True):
                 if piece.keep:
-                    parts[piece.item_index].append(logits[len(logits) - piece.keep :])
-        return [np.concatenate(chunks) for chunks in parts]
+                    logits[piece.item_index].append(output.logits[len(output.logits) - piece.keep :])
+                if piece.keep_hidden and output.hidden is not None:
+                    hidden[piece.item_index].append(output.hidden)
+        return [ForwardOutput(np.concatenate(item_logits), np.concatenate(item_hidden) if item_hidden else None)
+                for item_logits, item_hidden in zip(logits, hidden, strict=True)]
 
-    def _forward_batch(self, items: list[ForwardItem]) -> list[np.ndarray]:
-        plan = plan_batch(items, self.max_length, self.spec.sliding_window)
+    def _forward_batch(self, items: list[ForwardItem]) -> list[ForwardOutput]:
+        plan = plan_batch(items, self.max_length, self.spec.sliding_window, self.spec.eagle_feature_size)
         past = max(1, int(plan.first_row.max()))
         rows = self._index(self.kv.gather_rows([item.slot for item in items], past)[:, None, :])
         feeds = {
@@ -111,12 +120,15 @@ class SlottedGraphRuntime(DecoderRuntime):
             "past_values": self._gather(self.v_cache, rows),
             "logit_rows": self._index(plan.logit_rows),
         }
-        logits, new_keys, new_values = self._run(feeds)
+        if plan.features is not None:
+            feeds["features"] = self._features(plan.features)
+        logits, new_keys, new_values, hidden = self._run(feeds)
         # new rows [L, B, H, W, D] -> [L, H, B*W, D], the valid ones into their physical rows.
         src, dst = self._index(plan.write_src), self._index(self._write_rows(plan.write_slot, plan.write_row))
         for cache, new in ((self.k_cache, new_keys), (self.v_cache, new_values)):
             cache[:, :, dst] = self._new_rows(new)[:, :, src]
-        return plan.split_logits(self._logits_to_numpy(logits))
+        hidden_all = self._logits_to_numpy(hidden) if len(plan.hidden_rows) else None
+        return plan.outputs(self._logits_to_numpy(logits), hidden_all)
 
     def move_rows(self, slot: int, src_rows: np.ndarray, dst_start: int) -> None:
         src_rows = np.asarray(src_rows, dtype=np.int64)

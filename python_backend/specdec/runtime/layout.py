@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specdec.runtime.base import ForwardItem, tree_ancestor_mask, tree_depths
+from specdec.runtime.base import ForwardItem, ForwardOutput, tree_ancestor_mask, tree_depths
 
 
 @dataclass
@@ -43,6 +43,9 @@ class BatchLayout:
     write_src: np.ndarray  # [R] its index in the flattened [B * W] new tokens
     logit_rows: np.ndarray  # [N] flattened [B * W] indices whose logits are returned, item after item
     logit_counts: np.ndarray  # [B] num_logits of each item
+    hidden_rows: np.ndarray  # [M] flattened [B * W] indices whose hidden states are returned, item after item
+    hidden_counts: np.ndarray  # [B] num_hidden of each item
+    features: np.ndarray | None  # [B, W, F] fp32 input features of an EAGLE head (zero on padding), else None
     context_positions: list[np.ndarray]  # per item: RoPE positions of its rows 0 .. first_row-1
     sliding_window: int | None = None  # a query sees keys less than this many positions back
 
@@ -102,9 +105,20 @@ class BatchLayout:
         """Per-item views of logits computed for `logit_rows`."""
         return np.split(logits, np.cumsum(self.logit_counts)[:-1])
 
+    def outputs(self, logits: np.ndarray, hidden_all: np.ndarray | None) -> list[ForwardOutput]:
+        """Per-item results from the logits of `logit_rows` and the hidden states of all [B * W] rows."""
+        per_item = self.split_logits(logits)
+        if hidden_all is None or not len(self.hidden_rows):
+            return [ForwardOutput(item_logits) for item_logits in per_item]
+        hidden = np.split(hidden_all[self.hidden_rows], np.cumsum(self.hidden_counts)[:-1])
+        return [ForwardOutput(item_logits, h if count else None)
+                for item_logits, h, count in zip(per_item, hidden, self.hidden_counts, strict=True)]
 
-def plan_batch(items: list[ForwardItem], max_length: int, sliding_window: int | None = None) -> BatchLayout:
-    """Lay out `items` for one padded forward; raises ValueError past the cache length."""
+
+def plan_batch(items: list[ForwardItem], max_length: int, sliding_window: int | None = None,
+               feature_size: int = 0) -> BatchLayout:
+    """Lay out `items` for one padded forward; raises ValueError past the cache length or when an EAGLE head's
+    item (`feature_size` > 0) lacks a feature per token."""
     batch = len(items)
     width = max(item.num_tokens for item in items)
     total = max(item.end_row for item in items)
@@ -115,12 +129,20 @@ def plan_batch(items: list[ForwardItem], max_length: int, sliding_window: int | 
     local = np.zeros((batch, width, width), dtype=bool)
     cached: list[np.ndarray | None] = []
     context_positions: list[np.ndarray] = []
-    write_slot, write_row, write_src, logit_rows = [], [], [], []
+    features = np.zeros((batch, width, feature_size), dtype=np.float32) if feature_size else None
+    write_slot, write_row, write_src, logit_rows, hidden_rows = [], [], [], [], []
     for b, item in enumerate(items):
         n, past, first = item.num_tokens, item.past_length, item.first_row
         if not 1 <= item.num_logits <= n:
             raise ValueError(f"num_logits {item.num_logits} outside 1..{n}")
+        if not 0 <= item.num_hidden <= n:
+            raise ValueError(f"num_hidden {item.num_hidden} outside 0..{n}")
         ids[b, :n] = item.input_ids
+        if features is not None:
+            if item.features is None or item.features.shape != (n, feature_size):
+                got = None if item.features is None else item.features.shape
+                raise ValueError(f"an EAGLE head needs features [{n}, {feature_size}] for its input, got {got}")
+            features[b, :n] = item.features
         if item.tree_parents is None:
             if item.num_cached_nodes:
                 raise ValueError("num_cached_nodes needs tree_parents")
@@ -143,24 +165,28 @@ def plan_batch(items: list[ForwardItem], max_length: int, sliding_window: int | 
         write_row.extend(range(first, first + n))
         write_src.extend(range(b * width, b * width + n))
         logit_rows.extend(range(b * width + n - item.num_logits, b * width + n))
+        hidden_rows.extend(range(b * width + n - item.num_hidden, b * width + n))
     as_i64 = lambda values: np.asarray(values, dtype=np.int64)  # noqa: E731
     return BatchLayout(
         ids=ids, positions=positions, past=as_i64([it.past_length for it in items]),
         first_row=as_i64([it.first_row for it in items]), num_tokens=as_i64([it.num_tokens for it in items]),
         cached=cached, local=local, total=total, write_slot=as_i64(write_slot), write_row=as_i64(write_row),
         write_src=as_i64(write_src), logit_rows=as_i64(logit_rows),
-        logit_counts=as_i64([it.num_logits for it in items]), context_positions=context_positions,
-        sliding_window=sliding_window,
+        logit_counts=as_i64([it.num_logits for it in items]), hidden_rows=as_i64(hidden_rows),
+        hidden_counts=as_i64([it.num_hidden for it in items]), features=features,
+        context_positions=context_positions, sliding_window=sliding_window,
     )
 
 
 @dataclass
 class Piece:
-    """Part of one original item, run in some round; `keep` logits of it belong to the caller's item."""
+    """Part of one original item, run in some round; `keep` logits (and `keep_hidden` hidden states) of it
+    belong to the caller's item."""
 
     item_index: int
     item: ForwardItem
     keep: int
+    keep_hidden: int = 0
 
 
 def split_for_limits(items: list[ForwardItem], max_batch: int | None, max_tokens: int | None) -> list[list[Piece]]:
@@ -177,17 +203,20 @@ def split_for_limits(items: list[ForwardItem], max_batch: int | None, max_tokens
             raise ValueError(f"a tree of {n} tokens exceeds this runtime's {max_tokens} tokens per step")
         else:
             chunks = [(start, min(start + max_tokens, n)) for start in range(0, n, max_tokens)]
-        first_logit = n - item.num_logits
+        first_logit, first_hidden = n - item.num_logits, n - item.num_hidden
         for r, (start, end) in enumerate(chunks):
             keep = max(0, end - max(start, first_logit))
+            keep_hidden = max(0, end - max(start, first_hidden))
             if len(chunks) == 1:
                 piece_item = item
             else:  # causal chunks (trees are never cut)
                 piece_item = ForwardItem(slot=item.slot, past_length=item.past_length + start,
-                                         input_ids=item.input_ids[start:end], num_logits=max(1, keep))
+                                         input_ids=item.input_ids[start:end], num_logits=max(1, keep),
+                                         num_hidden=keep_hidden,
+                                         features=None if item.features is None else item.features[start:end])
             while len(rounds) <= r:
                 rounds.append([])
-            rounds[r].append(Piece(index, piece_item, keep))
+            rounds[r].append(Piece(index, piece_item, keep, keep_hidden))
     batches: list[list[Piece]] = []
     for pieces in rounds:
         step = max_batch or len(pieces)

@@ -20,10 +20,10 @@ import numpy as np
 
 from specdec.checkpoint import read_spec
 from specdec.runtime.graph_contract import (
-    INPUTS,
     ONNX_FILE,
     OUTPUTS,
     checkpoint_fingerprint,
+    graph_inputs,
     graph_metadata,
     read_graph_metadata,
 )
@@ -119,9 +119,9 @@ class OnnxLlamaRuntime(SlottedGraphRuntime):
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # shared CPUs: never spin
         self.session = ort.InferenceSession(str(self.onnx_path), options, providers=["CPUExecutionProvider"])
         names = ([i.name for i in self.session.get_inputs()], [o.name for o in self.session.get_outputs()])
-        if names != (list(INPUTS), list(OUTPUTS)):
+        if names != (list(graph_inputs(spec.is_eagle)), list(OUTPUTS)):
             raise ValueError(f"{self.onnx_path} is not a specdec step graph: inputs/outputs {names}")
 
-    def _run(self, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        logits, new_keys, new_values = self.session.run(list(OUTPUTS), feeds)
-        return logits, new_keys, new_values
+    def _run(self, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        logits, new_keys, new_values, hidden = self.session.run(list(OUTPUTS), feeds)
+        return logits, new_keys, new_values, hidden

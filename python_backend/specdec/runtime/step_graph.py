@@ -9,10 +9,13 @@ inputs
     past_keys       dtype [layers, batch, kv_heads, past_length, head_dim] the slots' cache rows 0..past_length-1
     past_values     dtype [layers, batch, kv_heads, past_length, head_dim]
     logit_rows      int64 [num_logits]                             rows of the flattened [batch*new_tokens]
+    features        fp32  [batch, new_tokens, feature_size]       EAGLE heads only: each token's feature
 outputs
     logits          fp32  [num_logits, vocab]
     new_keys        dtype [layers, batch, kv_heads, new_tokens, head_dim]  KV of the new tokens only
     new_values      dtype [layers, batch, kv_heads, new_tokens, head_dim]
+    hidden_states   fp32  [batch*new_tokens, hidden]               final-normed hidden state of every row
+                                                                  (an EAGLE head's features)
 
 Why "past in, new KV out" and not an in-place cache: the slotted cache stays with the runtime (numpy /
 torch CPU for onnxruntime, torch CUDA for TensorRT), so the graph is stateless and any slot, rollback by
@@ -35,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.checkpoint import ModelSpec, load_state_dict, read_proposal_vocab, read_spec
-from specdec.runtime.graph_contract import DYNAMIC_AXES, INPUTS, META_PREFIX, OUTPUTS, graph_metadata
+from specdec.runtime.graph_contract import DYNAMIC_AXES, META_PREFIX, OUTPUTS, graph_inputs, graph_metadata
 from specdec.runtime.torch_llama import LlamaWeights, expand_logits, rotate_half
 
 OPSET = 17
@@ -71,6 +74,8 @@ class LlamaStepGraph(torch.nn.Module):
         self.register_buffer("lm_head", w.lm_head)
         self.register_buffer("logit_gather", w.logit_gather)
         self.register_buffer("final_norm", w.final_norm)
+        self.register_buffer("eagle_fc", w.eagle_fc)
+        self.register_buffer("eagle_fc_bias", w.eagle_fc_bias)
         self.num_layers = spec.num_layers
         for i, layer in enumerate(w.layers):
             for key, tensor in layer.items():
@@ -80,7 +85,8 @@ class LlamaStepGraph(torch.nn.Module):
         self.register_buffer("rope_sin", sin.to(dtype))
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
-                past_keys: torch.Tensor, past_values: torch.Tensor, logit_rows: torch.Tensor):
+                past_keys: torch.Tensor, past_values: torch.Tensor, logit_rows: torch.Tensor,
+                features: torch.Tensor | None = None):
         s = self.spec
         batch, width = input_ids.shape[0], input_ids.shape[1]
         q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
@@ -90,6 +96,9 @@ class LlamaStepGraph(torch.nn.Module):
         sin = F.embedding(position_ids, self.rope_sin).unsqueeze(1)
         mask = attention_mask.unsqueeze(1)  # [B, 1, W, T]
         hidden = F.embedding(input_ids, self.embed)
+        if self.eagle_fc is not None:
+            hidden = F.linear(torch.cat([hidden, _cast(features, self.dtype)], dim=-1), self.eagle_fc,
+                              self.eagle_fc_bias)
         new_keys, new_values = [], []
         for i in range(self.num_layers):
             layer = lambda key, i=i: getattr(self, f"l{i}_{key}")  # noqa: E731
@@ -119,11 +128,11 @@ class LlamaStepGraph(torch.nn.Module):
             x = _rms_norm(hidden, layer("mlp_norm"), s.rms_norm_eps)
             gate, up = F.linear(x, layer("gate_up"), layer("gate_up_bias")).chunk(2, dim=-1)
             hidden = hidden + F.linear(F.silu(gate) * up, layer("down"), layer("down_bias"))
-        rows = hidden.reshape(batch * width, s.hidden_size).index_select(0, logit_rows)
-        logits = _cast(F.linear(_rms_norm(rows, self.final_norm, s.rms_norm_eps), self.lm_head), torch.float32)
+        normed = _rms_norm(hidden.reshape(batch * width, s.hidden_size), self.final_norm, s.rms_norm_eps)
+        logits = _cast(F.linear(normed.index_select(0, logit_rows), self.lm_head), torch.float32)
         if self.logit_gather is not None:
             logits = expand_logits(logits, self.logit_gather)
-        return logits, torch.stack(new_keys), torch.stack(new_values)
+        return logits, torch.stack(new_keys), torch.stack(new_values), _cast(normed, torch.float32)
 
 
 def example_inputs(spec: ModelSpec, dtype: torch.dtype, batch: int = 2, width: int = 3,
@@ -134,7 +143,10 @@ def example_inputs(spec: ModelSpec, dtype: torch.dtype, batch: int = 2, width: i
     positions = past + torch.arange(width, dtype=torch.long).expand(batch, width)
     mask = torch.ones(batch, width, past + width, dtype=torch.bool).tril(diagonal=past)
     rows = torch.arange(batch * width - 1, dtype=torch.long)
-    return ids, positions, mask, torch.zeros(cache, dtype=dtype), torch.zeros(cache, dtype=dtype), rows
+    inputs = (ids, positions, mask, torch.zeros(cache, dtype=dtype), torch.zeros(cache, dtype=dtype), rows)
+    if spec.is_eagle:
+        inputs += (torch.randn(batch, width, spec.eagle_feature_size),)
+    return inputs
 
 
 def export_decoder(model_dir: str | Path, out_path: str | Path, dtype: str = "float32",
@@ -152,12 +164,15 @@ def export_decoder(model_dir: str | Path, out_path: str | Path, dtype: str = "fl
                             read_proposal_vocab(model_dir, spec.vocab_size)).eval()
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
+    names = [*graph_inputs(spec.is_eagle), *OUTPUTS]
+    dynamic_axes = {name: axes for name, axes in DYNAMIC_AXES.items() if name in names}
     with tempfile.TemporaryDirectory(dir=out_path.parent, prefix=".export-") as tmp:
         traced = Path(tmp) / "traced.onnx"
         with torch.inference_mode():
             torch.onnx.export(
-                module, example_inputs(spec, DTYPES[dtype]), str(traced), dynamo=False, input_names=list(INPUTS),
-                output_names=list(OUTPUTS), dynamic_axes=DYNAMIC_AXES, opset_version=OPSET,
+                module, example_inputs(spec, DTYPES[dtype]), str(traced), dynamo=False,
+                input_names=list(graph_inputs(spec.is_eagle)),
+                output_names=list(OUTPUTS), dynamic_axes=dynamic_axes, opset_version=OPSET,
                 do_constant_folding=True,
             )
         model = onnx.load(str(traced))

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from specdec.checkpoint import ModelSpec, read_spec
-from specdec.runtime.graph_contract import INPUTS, OUTPUTS, PRECISIONS, checkpoint_fingerprint
+from specdec.runtime.graph_contract import INPUTS, OUTPUTS, PRECISIONS, checkpoint_fingerprint, graph_inputs
 from specdec.runtime.graph_runtime import SlottedGraphRuntime
 
 ENGINE_FILE = "model.plan"
@@ -50,8 +50,8 @@ class ProfileRange:
                 raise ValueError(f"profile {self.name}: {label} needs 1 <= min <= opt <= max, got {low, opt, high}")
 
     def shapes(self, spec: ModelSpec) -> dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
-        """min / opt / max shape of every graph input (the names of specdec.runtime.step_graph.INPUTS)."""
-        out: dict[str, list[tuple[int, ...]]] = {name: [] for name in INPUTS}
+        """min / opt / max shape of every graph input (graph_contract.graph_inputs of the checkpoint)."""
+        out: dict[str, list[tuple[int, ...]]] = {name: [] for name in graph_inputs(spec.is_eagle)}
         for b, w, p in zip(self.batch, self.new_tokens, self.past_length, strict=True):
             cache = (spec.num_layers, b, spec.num_kv_heads, p, spec.head_dim)
             out["input_ids"].append((b, w))
@@ -60,6 +60,8 @@ class ProfileRange:
             out["past_keys"].append(cache)
             out["past_values"].append(cache)
             out["logit_rows"].append((b * w,))
+            if spec.is_eagle:
+                out["features"].append((b, w, spec.eagle_feature_size))
         out["logit_rows"][0] = (1,)  # a call may ask for a single row whatever its size
         return {name: (s[0], s[1], s[2]) for name, s in out.items()}
 
@@ -80,11 +82,11 @@ def compute_profiles(role: str, num_slots: int, max_length: int, max_draft_token
     the usual shape: the draft's one token, the target's k+1) and `prefill` (prompts, in chunks of at most
     `max_prefill_tokens`; longer causal inputs are chunked by the runtime). Both cover every batch size up
     to `num_slots` and every cache length up to `max_length`, so any call fits one of them."""
-    if role not in ("target", "draft"):
-        raise ValueError(f"role must be target or draft, not {role!r}")
+    if role not in ("target", "draft", "eagle"):
+        raise ValueError(f"role must be target, draft or eagle, not {role!r}")
     step = min(step_tokens(max_draft_tokens, max_candidates), max_length)
     prefill = max(min(max_prefill_tokens, max_length), step)
-    opt_width = 1 if role == "draft" else min(default_draft_tokens + 1, step)
+    opt_width = min(default_draft_tokens + 1, step) if role == "target" else 1  # drafts grow one token a step
     opt_batch = max(1, num_slots // 2)
     opt_past = max(1, min(max_length // 4, max_length))
     return [
@@ -148,8 +150,9 @@ class EngineMetadata:
             problems.append(f"built from other weights than {model_dir} (rebuild: build/build_engines.py)")
         if self.spec != spec_dict(read_spec(model_dir)):
             problems.append("built for another architecture")
-        if self.inputs != list(INPUTS) or self.outputs != list(OUTPUTS):
-            problems.append(f"graph I/O {self.inputs} -> {self.outputs}, this code runs {INPUTS} -> {OUTPUTS}")
+        inputs = list(graph_inputs(read_spec(model_dir).is_eagle))
+        if self.inputs != inputs or self.outputs != list(OUTPUTS):
+            problems.append(f"graph I/O {self.inputs} -> {self.outputs}, this code runs {inputs} -> {list(OUTPUTS)}")
         if max_length > self.max_length:
             problems.append(f"built for cache length {self.max_length}, the deployment asks {max_length}")
         if tensorrt_version is not None and tensorrt_version != self.tensorrt_version:
@@ -222,7 +225,8 @@ class TensorRTLlamaRuntime(SlottedGraphRuntime):
         if self.engine.num_optimization_profiles != len(meta.profiles):
             raise ValueError(f"{engine_dir}: the plan has {self.engine.num_optimization_profiles} profiles, "
                              f"its metadata {len(meta.profiles)}")
-        self._dtypes = {name: torch_dtype_of(self.engine.get_tensor_dtype(name)) for name in INPUTS + OUTPUTS}
+        self._inputs = graph_inputs(spec.is_eagle)
+        self._dtypes = {name: torch_dtype_of(self.engine.get_tensor_dtype(name)) for name in self._inputs + OUTPUTS}
         stream = torch.cuda.current_stream(self.device)
         self._contexts = []
         for index in range(self.engine.num_optimization_profiles):
@@ -248,6 +252,9 @@ class TensorRTLlamaRuntime(SlottedGraphRuntime):
         layers, batch, heads, width, dim = new.shape
         return new.permute(0, 2, 1, 3, 4).reshape(layers, heads, batch * width, dim).to(self.dtype)
 
+    def _features(self, values: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(values).to(self.device)
+
     def _logits_to_numpy(self, logits: torch.Tensor) -> np.ndarray:
         return logits.float().cpu().numpy()
 
@@ -255,12 +262,12 @@ class TensorRTLlamaRuntime(SlottedGraphRuntime):
     def kv_cache_bytes(self) -> int:
         return 2 * self.k_cache.numel() * self.k_cache.element_size()
 
-    def _run(self, feeds: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _run(self, feeds: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         batch, width = feeds["input_ids"].shape
         context = self._contexts[self.meta.select_profile(batch, width, feeds["past_keys"].shape[3])]
         stream = torch.cuda.current_stream(self.device)
         keep = []  # tensors converted here must live until the engine has read them
-        for name in INPUTS:
+        for name in self._inputs:
             tensor = feeds[name]
             if tensor.dtype != self._dtypes[name] or not tensor.is_contiguous():
                 tensor = tensor.to(self._dtypes[name]).contiguous()
@@ -278,6 +285,6 @@ class TensorRTLlamaRuntime(SlottedGraphRuntime):
         if not context.execute_async_v3(stream.cuda_stream):
             raise RuntimeError("TensorRT execute_async_v3 failed")
         # The caller reads logits with .cpu() (a sync) and scatters the new KV on this same stream.
-        logits, new_keys, new_values = outputs
-        return logits, new_keys, new_values
+        logits, new_keys, new_values, hidden = outputs
+        return logits, new_keys, new_values, hidden
 

@@ -17,8 +17,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specdec.checkpoint import ModelSpec, load_state_dict, read_proposal_vocab, read_spec
-from specdec.runtime.base import DecoderRuntime, ForwardItem, make_pool
+from specdec.checkpoint import (
+    EAGLE_FC_BIAS,
+    EAGLE_FC_WEIGHT,
+    ModelSpec,
+    load_state_dict,
+    read_proposal_vocab,
+    read_spec,
+)
+from specdec.runtime.base import DecoderRuntime, ForwardItem, ForwardOutput, make_pool
 from specdec.runtime.layout import plan_batch
 
 
@@ -62,6 +69,9 @@ class LlamaWeights:
             self.lm_head = self.lm_head[torch.as_tensor(proposal_ids, device=device)].contiguous()
             self.logit_gather = logit_gather_map(proposal_ids, spec.vocab_size).to(device)
         self.final_norm = get("model.norm.weight")
+        # An EAGLE head's input projection: [token embedding, feature] -> hidden (specdec.checkpoint).
+        self.eagle_fc = get(EAGLE_FC_WEIGHT) if spec.is_eagle else None
+        self.eagle_fc_bias = get(EAGLE_FC_BIAS) if spec.is_eagle and EAGLE_FC_BIAS in state else None
         self.layers: list[dict[str, torch.Tensor | None]] = []
         for i in range(spec.num_layers):
             p = f"model.layers.{i}."
@@ -134,7 +144,7 @@ class TorchLlamaRuntime(DecoderRuntime):
 
     def _layout(self, items: list[ForwardItem]):
         """Padded token ids, RoPE positions, cache rows to write and the attention mask of a batch."""
-        plan = plan_batch(items, self.max_length, self.spec.sliding_window)
+        plan = plan_batch(items, self.max_length, self.spec.sliding_window, self.spec.eagle_feature_size)
         as_long = lambda a: torch.as_tensor(a, dtype=torch.long, device=self.device)  # noqa: E731
         return (
             as_long(plan.ids),
@@ -146,7 +156,7 @@ class TorchLlamaRuntime(DecoderRuntime):
         )
 
     @torch.inference_mode()
-    def forward(self, items: list[ForwardItem]) -> list[np.ndarray]:
+    def forward_outputs(self, items: list[ForwardItem]) -> list[ForwardOutput]:
         if not items:
             return []
         s, w = self.spec, self.weights
@@ -164,6 +174,9 @@ class TorchLlamaRuntime(DecoderRuntime):
         q_size = s.num_heads * s.head_dim
         kv_size = s.num_kv_heads * s.head_dim
         hidden = F.embedding(ids, w.embed)
+        if w.eagle_fc is not None:
+            features = torch.as_tensor(plan.features, device=self.device).to(self.dtype)
+            hidden = F.linear(torch.cat([hidden, features], dim=-1), w.eagle_fc, w.eagle_fc_bias)
         for lw, k_cache, v_cache in zip(w.layers, self.k_cache, self.v_cache, strict=True):
             x = rms_norm(hidden, lw["attn_norm"], s.rms_norm_eps)
             q, k, v = F.linear(x, lw["qkv"], lw["qkv_bias"]).split([q_size, kv_size, kv_size], dim=-1)
@@ -193,12 +206,19 @@ class TorchLlamaRuntime(DecoderRuntime):
             gate, up = F.linear(x, lw["gate_up"], lw["gate_up_bias"]).chunk(2, dim=-1)
             hidden = hidden + F.linear(F.silu(gate) * up, lw["down"], lw["down_bias"])
         # Logits only where asked: the last num_logits valid positions of each item.
+        flat = hidden.reshape(batch * width, -1)
         rows = torch.as_tensor(plan.logit_rows, dtype=torch.long, device=self.device)
-        last = rms_norm(hidden.reshape(batch * width, -1)[rows], w.final_norm, s.rms_norm_eps)
+        last = rms_norm(flat[rows], w.final_norm, s.rms_norm_eps)
         logits = F.linear(last, w.lm_head).float()
         if w.logit_gather is not None:
             logits = expand_logits(logits, w.logit_gather)
-        return plan.split_logits(logits.cpu().numpy())
+        hidden_all = None
+        if len(plan.hidden_rows):  # the features of the rows asked for, scattered back into [B * W] rows
+            hidden_rows = torch.as_tensor(plan.hidden_rows, dtype=torch.long, device=self.device)
+            normed = rms_norm(flat[hidden_rows], w.final_norm, s.rms_norm_eps).float().cpu().numpy()
+            hidden_all = np.zeros((batch * width, normed.shape[1]), dtype=np.float32)
+            hidden_all[plan.hidden_rows] = normed
+        return plan.outputs(logits.cpu().numpy(), hidden_all)
 
     @torch.inference_mode()
     def move_rows(self, slot: int, src_rows: np.ndarray, dst_start: int) -> None:
