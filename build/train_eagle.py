@@ -399,6 +399,7 @@ def save_head(model: EagleHead, proposal_ids: list[int], out: Path, scores: dict
     config[EAGLE_CONFIG_KEY] = {"feature_size": int(config["hidden_size"]), "feature": "final_norm"}
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     save_file(model.own_state(), str(out / EAGLE_WEIGHTS), metadata={"format": "pt"})
+    os.chmod(out / EAGLE_WEIGHTS, 0o644)  # safetensors writes 0600: readable where the folder is copied
     (out / PROPOSAL_VOCAB_FILE).write_text(json.dumps({"token_ids": proposal_ids}) + "\n", encoding="utf-8")
     if scores is not None:
         (out / AGREEMENT_FILE).write_text(json.dumps(scores) + "\n", encoding="utf-8")
@@ -496,6 +497,8 @@ def main(argv: list[str] | None = None) -> dict:
         one, two = agreement(model, eval_set, arrays, args.tokens_per_batch, cache)
         record = {"step": 0, "agreement": one, "agreement_step2": two}
         print(f"step 0 agreement {one} step 2 {two}", file=sys.stderr)
+        best = _mean_step1(one)  # the start (e.g. a trained draft, --init-from) is a candidate too
+        save_head(model, proposal, args.out / "best", {"step": 0, **one, "step2": two})
 
     def lr_at(s: int) -> float:
         if s < args.warmup:
