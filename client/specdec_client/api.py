@@ -42,6 +42,7 @@ class GenerationResult:
     stats: dict[str, float] = field(default_factory=dict)
     time_to_first_token_s: float | None = None
     latency_s: float = 0.0
+    drafter_used: str | None = None  # model | eagle | ngram | none (the ensemble's drafter_used output)
 
     @property
     def num_output_tokens(self) -> int:
@@ -99,6 +100,9 @@ def generate_grpc(url: str, params: dict[str, Any], on_text: Callable[[str], Non
             if on_text:
                 on_text(text)
             out.stats = _stats_from(result)
+            drafter = result.as_numpy("drafter_used")
+            if drafter is not None:
+                out.drafter_used = drafter.reshape(-1)[0].decode()
             final = result.get_response().parameters.get("triton_final_response")
             if final is None or final.bool_param:
                 break
@@ -135,6 +139,7 @@ def generate_http(url: str, params: dict[str, Any], on_text: Callable[[str], Non
             if on_text:
                 on_text(text)
             out.stats = {name: float(event[name]) for name in STAT_NAMES if name in event}
+            out.drafter_used = event.get("drafter_used", out.drafter_used)
     out.latency_s = time.perf_counter() - started
     out.text = "".join(out.chunks)
     return out

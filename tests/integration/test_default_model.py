@@ -121,3 +121,40 @@ def test_profiles_name_this_draft() -> None:
     draft = json.loads((DEFAULT_REPOSITORY / "draft_model" / "1" / "config.json").read_text())
     assert draft["vocab_size"] == target["vocab_size"] and draft["hidden_size"] == target["hidden_size"]
     assert draft["num_hidden_layers"] < target["num_hidden_layers"]
+
+
+EAGLE_DIR = DEFAULT_REPOSITORY / "eagle_draft" / "1"
+
+
+@pytest.mark.parametrize(("num_draft_tokens", "num_candidates"), [(1, 1), (3, 1), (5, 1), (3, 2), (2, 3)])
+def test_eagle_greedy_equals_plain(default_server, chat_prompts, plain, num_draft_tokens, num_candidates) -> None:
+    """The EAGLE head (reading the target's features) through the server, chains and trees of several k."""
+    accepted = 0
+    for domain, prompt in chat_prompts[::2]:
+        result = _generate(default_server, prompt, drafter="eagle", num_draft_tokens=num_draft_tokens,
+                           num_candidates=num_candidates)
+        assert result.text == plain[prompt].text, (domain, prompt, num_draft_tokens, num_candidates)
+        assert result.drafter_used == "eagle" and not result.stats["fallback_active"]
+        accepted += result.stats["total_accepted_draft_tokens"]
+    assert accepted > 0, "the EAGLE head never had a token accepted"
+
+
+def test_eagle_streaming_and_sampling(default_server, chat_prompts, plain) -> None:
+    """Streaming with the head equals plain; a sampled request with rejection sampling runs on the head's q."""
+    _, prompt = chat_prompts[0]
+    chunks: list[str] = []
+    result = _generate(default_server, prompt, drafter="eagle", stream=True, on_text=chunks.append)
+    assert len(chunks) > 1 and "".join(chunks) == plain[prompt].text == result.text
+    sampled = _generate(default_server, prompt, drafter="eagle", temperature=0.8, top_p=0.95, seed=11,
+                        acceptance="rejection")
+    again = _generate(default_server, prompt, drafter="eagle", temperature=0.8, top_p=0.95, seed=11,
+                      acceptance="rejection")
+    assert sampled.text == again.text and sampled.text.strip()
+    assert sampled.stats["total_draft_tokens"] > 0 and sampled.drafter_used == "eagle"
+
+
+def test_eagle_head_is_trained_for_this_target() -> None:
+    target = json.loads((TARGET_DIR / "config.json").read_text())
+    head = json.loads((EAGLE_DIR / "config.json").read_text())
+    assert head["vocab_size"] == target["vocab_size"] and head["hidden_size"] == target["hidden_size"]
+    assert head["num_hidden_layers"] == 1 and head["specdec_eagle"]["feature_size"] == target["hidden_size"]

@@ -18,9 +18,11 @@ sys.path.insert(0, str(REPO_ROOT / "build"))
 from default_model import default_gguf  # noqa: E402
 from gguf_convert import is_converted  # noqa: E402
 from train_draft import DRAFT_WEIGHTS, EMBED_KEY, INDEX_FILE, SHARED_WEIGHTS  # noqa: E402
+from train_eagle import EAGLE_WEIGHTS  # noqa: E402
 
 TARGET = REPO_ROOT / "model_repository" / "target_model" / "1"
 DRAFT = REPO_ROOT / "model_repository" / "draft_model" / "1"
+EAGLE = REPO_ROOT / "model_repository" / "eagle_draft" / "1"
 COMMITTED_DRAFT_FILES = ("config.json", DRAFT_WEIGHTS, "proposal_vocab.json")
 MAX_COMMITTED_BYTES = 40 * 1024 * 1024
 
@@ -46,7 +48,7 @@ def test_only_the_drafts_own_layers_are_committed() -> None:
     tracked = subprocess.run(["git", "ls-files", "model_repository"], cwd=REPO_ROOT, capture_output=True,
                              text=True, check=True).stdout.split()
     weights = [REPO_ROOT / p for p in tracked if p.endswith(".safetensors")]
-    assert weights == [DRAFT / DRAFT_WEIGHTS]
+    assert sorted(weights) == sorted([DRAFT / DRAFT_WEIGHTS, EAGLE / EAGLE_WEIGHTS])
     assert sum(w.stat().st_size for w in weights) <= MAX_COMMITTED_BYTES
     for name in COMMITTED_DRAFT_FILES:
         assert f"model_repository/draft_model/1/{name}" in tracked
@@ -107,3 +109,54 @@ def test_import_a_gguf_target_into_a_new_repository(tmp_path: Path) -> None:
         from import_checkpoint import new_repository
 
         new_repository(repo)
+
+
+def test_the_eagle_heads_own_tensors_are_committed_and_the_rest_shared() -> None:
+    from safetensors import safe_open
+    from specdec.checkpoint import EAGLE_FC_WEIGHT, read_spec
+
+    tracked = subprocess.run(["git", "ls-files", "model_repository/eagle_draft"], cwd=REPO_ROOT,
+                             capture_output=True, text=True, check=True).stdout.split()
+    for name in ("config.json", EAGLE_WEIGHTS, "proposal_vocab.json", "model.py"):
+        assert f"model_repository/eagle_draft/1/{name}" in tracked
+    with safe_open(str(EAGLE / EAGLE_WEIGHTS), "pt") as f:
+        keys = set(f.keys())  # noqa: SIM118
+    assert EAGLE_FC_WEIGHT in keys and "model.norm.weight" in keys and EMBED_KEY not in keys
+    assert {k.split(".")[2] for k in keys if k.startswith("model.layers.")} == {"0"}
+    spec, target = read_spec(EAGLE), read_spec(TARGET)
+    assert spec.is_eagle and spec.eagle_feature_size == target.hidden_size and spec.vocab_size == target.vocab_size
+    assert (EAGLE / SHARED_WEIGHTS).is_file()  # assembled by build/default_model.py
+
+
+def test_rejection_sampling_with_the_real_eagle_head_keeps_the_targets_law() -> None:
+    """The first token of a verification is distributed as the target's p when it was proposed from the real
+    head's q (restricted to its proposal vocabulary), q computed from the target's real features."""
+    import numpy as np
+    from scipy.stats import chisquare
+    from specdec.rejection_sampler import rejection_verify
+    from specdec.runtime.base import ForwardItem
+    from specdec.runtime.torch_llama import TorchLlamaRuntime
+    from specdec.sampling import SamplingParams, probabilities, sample
+    from specdec.tokenizer import TextTokenizer
+
+    torch.set_num_threads(1)
+    prompt = TextTokenizer(TARGET).encode("The three most useful Python data structures are")
+    target = TorchLlamaRuntime(TARGET, num_slots=1, max_length=64)
+    out = target.forward_outputs([ForwardItem(0, 0, np.asarray(prompt), num_hidden=len(prompt))])[0]
+    head = TorchLlamaRuntime(EAGLE, num_slots=1, max_length=64)
+    draft = head.forward_outputs([ForwardItem(0, 0, np.asarray(prompt[1:]), features=out.hidden[:-1])])[0]
+    params = SamplingParams(temperature=1.0)
+    p, q = probabilities(out.logits[-1], params)[0], probabilities(draft.logits[-1], params)[0]
+    assert 0.2 < np.minimum(p, q).sum() < 1.0  # the head overlaps the target, and differs from it
+    rng = np.random.default_rng(5)
+    draws = 60_000
+    counts = np.zeros(len(p))
+    for _ in range(draws):
+        token = sample(q, rng)
+        verdict = rejection_verify([token], [-1], np.stack([p, p]), q[None], rng)
+        counts[token if verdict.path else verdict.next_token] += 1
+    big = p > 0.01
+    observed = np.append(counts[big], counts[~big].sum())
+    expected = np.append(p[big], p[~big].sum()) * draws
+    assert big.sum() >= 3
+    assert chisquare(observed, expected).pvalue > 1e-3

@@ -75,11 +75,22 @@ def test_profile_shapes_follow_the_graph_inputs(tiny_pair):
         ProfileRange("bad", (1, 9, 8), (1, 1, 1), (1, 1, 1))
 
 
+def test_an_eagle_heads_profiles_shape_its_features(tiny_eagle):
+    spec = read_spec(tiny_eagle)
+    shapes = ProfileRange("decode", (1, 2, 8), (1, 3, 10), (1, 20, 100)).shapes(spec)
+    assert list(shapes) == [*INPUTS, "features"]
+    assert shapes["features"] == ((1, 1, spec.hidden_size), (2, 3, spec.hidden_size), (8, 10, spec.hidden_size))
+    head = compute_profiles("eagle", 4, 64, 16, 8, 6, 512)
+    assert head[0].new_tokens == (1, 1, 64)  # like the draft: one token a step after the catch-up
+
+
 def test_build_plan_from_the_gpu_deployment(tmp_path):
     deployment = yaml.safe_load(GPU_YAML.read_text())
     plans = build_engines.plan_engines(deployment, REPO / "model_repository", tmp_path)
-    assert [(p.model, p.role) for p in plans] == [("target_model", "target"), ("draft_model", "draft")]
-    target, draft = plans
+    # The EAGLE head is built when the repository holds it (the default one does, an imported one not).
+    head = [("eagle_draft", "eagle")] if (REPO / "model_repository/eagle_draft/1/config.json").is_file() else []
+    assert [(p.model, p.role) for p in plans] == [("target_model", "target"), ("draft_model", "draft"), *head]
+    target, draft = plans[:2]
     assert target.precision == deployment["tensorrt"]["precision"]
     assert target.profiles[0].batch[2] == deployment["kv_cache"]["num_slots"]
     assert draft.profiles[0].batch[2] == deployment["models"]["draft_model"]["num_slots"]
@@ -94,7 +105,7 @@ def test_build_plan_from_the_gpu_deployment(tmp_path):
         build_engines.plan_engines(deployment, REPO / "model_repository", tmp_path, None, {"precision": "int3"})
     # A deployment without tensorrt models (SPECDEC_BUILD_ENGINES=1 on the CPU file): build both decoders.
     cpu = build_engines.plan_engines(yaml.safe_load(CPU_YAML.read_text()), REPO / "model_repository", tmp_path)
-    assert [p.model for p in cpu] == ["target_model", "draft_model"]
+    assert [p.model for p in cpu] == ["target_model", "draft_model", *[name for name, _ in head]]
 
 
 def test_dry_run_prints_the_plan_without_tensorrt(tmp_path, capsys):
