@@ -22,24 +22,17 @@ LAYERS=${LAYERS:-1}
 PROPOSAL_VOCAB=${PROPOSAL_VOCAB:-4096}
 INSTALL=${INSTALL:-1}
 
-[ -f data/corpora/manifest.json ] || "$PY" build/corpora.py --out data/corpora
-[ -f "$DATA/requests.jsonl" ] || "$PY" build/chat_requests.py --corpora data/corpora --out "$DATA/requests.jsonl" --seed 2026
+source build/distill_common.sh
+prepare_requests
 
 if [ "$DATA_MINUTES" -gt 0 ]; then
-    pids=()
-    for shard in 0 1; do
-        "$PY" build/target_answers.py --target "$TARGET" --requests "$DATA/requests.jsonl" \
-            --out "$DATA/answers_$shard.jsonl" --slots 32 --threads 1 --shard "$shard/2" --seed 7 \
-            > "$DATA/answers_$shard.log" 2>&1 &
-        pids+=("$!")
-    done
+    start_answers
+    pids=("${ANSWER_PIDS[@]}")
     "$PY" build/target_labels.py --target "$TARGET" --corpora data/corpora --out "$DATA/labels.jsonl" \
         --per-domain 3000 --batch 4 --bf16 --seed 11 > "$DATA/labels.log" 2>&1 &
     pids+=("$!")
     echo "[draft] the target writes answers and labels for $DATA_MINUTES min (logs in $DATA/)"
-    sleep "$((DATA_MINUTES * 60))"
-    kill "${pids[@]}" 2>/dev/null || true
-    wait "${pids[@]}" 2>/dev/null || true
+    run_for_minutes "$DATA_MINUTES" "${pids[@]}"
 fi
 
 answers=()

@@ -3,10 +3,11 @@
 Any supported family (specdec.families: Llama 3.x, Qwen2/2.5, Qwen3, Mistral); a checkpoint of another one
 stops the export with exit code 2 and the config.json field and value that are not supported.
 
-By default every decoder of the model repository (the EAGLE head too when the repository has one), into `<model>/1/onnx/decoder.onnx`: where the onnxruntime
-runtime looks first (it exports there itself on first load when the file is missing or stale, so this is
-only ahead-of-time work). With --check, onnxruntime runs the export against the torch runtime on a real
-prompt and prints max |logit difference| and argmax agreement. Usage:
+By default every decoder of the model repository (the EAGLE head too when the repository has one), into
+`<model>/1/onnx/decoder.onnx`: where the onnxruntime runtime looks first (it exports there itself on first
+load when the file is missing or stale, so this is only ahead-of-time work). With --check, onnxruntime runs
+the export against the torch runtime on a real prompt and prints max |logit difference| and argmax
+agreement. Usage:
 
     python build/export_onnx.py --check
     python build/export_onnx.py --checkpoint path/to/hf_model --out /tmp/model.onnx --dtype float16

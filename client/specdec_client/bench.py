@@ -261,9 +261,10 @@ class HfPeer:
 
 # ------------------------------------------------------------------------------------------- memory
 def server_memory(metrics: Scrape, server: TritonServer | None) -> dict[str, Any]:
-    """Memory cost of speculation: the draft process's USS over the rest of the serving footprint."""
+    """Memory cost of speculation: the drafters' processes' USS over the rest of the serving footprint (the
+    draft model's alone as `overhead_fraction`; with the EAGLE head, each drafter's and both together)."""
     per_model = {}
-    for model in ("target_model", "draft_model", "speculative_decoding"):
+    for model in ("target_model", "draft_model", "eagle_draft", "speculative_decoding"):
         per_model[model] = {kind: metrics.total(f"specdec_{kind}_memory_bytes", model=model)
                             for kind in ("resident", "proportional", "unique")}
         per_model[model]["kv_cache_bytes"] = metrics.total("specdec_kv_cache_bytes", model=model)
@@ -284,9 +285,16 @@ def server_memory(metrics: Scrape, server: TritonServer | None) -> dict[str, Any
     else:
         total = sum(v["proportional"] for v in per_model.values())
         out["footprint_source"] = "PSS of the processes that report specdec_* memory (target, draft, speculative)"
+    eagle_uss = per_model["eagle_draft"]["unique"]
     out["footprint_bytes"] = total
     out["draft_uss_bytes"] = draft_uss
-    out["overhead_fraction"] = draft_uss / (total - draft_uss) if total > draft_uss > 0 else None
+    both = draft_uss + eagle_uss
+    # Each drafter over the footprint without any drafter: what serving with only that one costs.
+    out["overhead_fraction"] = draft_uss / (total - both) if total > both and draft_uss > 0 else None
+    if eagle_uss:
+        out["eagle_uss_bytes"] = eagle_uss
+        out["eagle_overhead_fraction"] = eagle_uss / (total - both)
+        out["both_drafters_overhead_fraction"] = both / (total - both)
     kv_t, kv_d = per_model["target_model"]["kv_cache_bytes"], per_model["draft_model"]["kv_cache_bytes"]
     out["kv_cache_overhead_fraction"] = kv_d / kv_t if kv_t else None
     return out

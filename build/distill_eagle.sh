@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Train the default EAGLE head for SmolLM2-135M-Instruct as the installed one was trained (docs/MODELS.md
+# section 6). Every step is resumable: run it again after a stop and it goes on where it was.
+#
+#   bash build/distill_eagle.sh            # after `make setup` (the target converted, the draft assembled)
+#
+# 1. the corpora and chat requests (as build/distill_default_draft.sh; prose needs Debian packages);
+# 2. in the background, two shards of build/target_answers.py answer requests for ANSWER_MINUTES;
+# 3. build/eagle_features.py records the target's features of those answers and of text windows;
+# 4. build/train_eagle.py trains the head from the standalone draft; the best held-out checkpoint is installed
+#    into model_repository/eagle_draft/1 and completed with the target's embeddings (build/default_model.py).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PY:-.venv/bin/python}
+TARGET=${TARGET:-model_repository/target_model/1}
+DATA=${DATA:-data/chat}
+FEATURES=${FEATURES:-data/eagle}
+RUN=${RUN:-runs/eagle}
+ANSWER_MINUTES=${ANSWER_MINUTES:-70}   # how long the target writes answers (0: use what is there)
+TEXT_PER_DOMAIN=${TEXT_PER_DOMAIN:-300}
+STEPS=${STEPS:-300}
+INSTALL=${INSTALL:-1}
+
+source build/distill_common.sh
+prepare_requests
+
+if [ "$ANSWER_MINUTES" -gt 0 ]; then
+    start_answers
+    echo "[eagle] the target writes answers for $ANSWER_MINUTES min (logs in $DATA/)"
+    run_for_minutes "$ANSWER_MINUTES" "${ANSWER_PIDS[@]}"
+fi
+
+answers=()
+for file in "$DATA"/answers*.jsonl; do
+    [ -f "$file" ] && answers+=(--answers "$file")
+done
+mkdir -p "$FEATURES"
+echo "[eagle] recording the target's features -> $FEATURES"
+"$PY" build/eagle_features.py --target "$TARGET" "${answers[@]}" --text-per-domain "$TEXT_PER_DOMAIN" \
+    --out "$FEATURES" --threads 2 --seed 11 > "$FEATURES/features.log" 2>&1
+
+resume=()
+[ -f "$RUN/state.pt" ] && resume=(--resume)
+echo "[eagle] training $STEPS steps -> $RUN (log $RUN.log)"
+"$PY" build/train_eagle.py --target "$TARGET" --features "$FEATURES" --out "$RUN" \
+    --init-from model_repository/draft_model/1 --fc-init embedding --fc-lr-scale 1.0 --lr 3e-4 --warmup 30 \
+    --steps "$STEPS" --tokens-per-batch 8192 --eval-every 50 --ckpt-every 50 --threads 2 --seed 1234 \
+    --no-progress "${resume[@]}" 2> "$RUN.log"
+if [ "$INSTALL" = 1 ]; then
+    cp "$RUN/best/config.json" "$RUN/best/eagle_layers.safetensors" "$RUN/best/proposal_vocab.json" \
+        model_repository/eagle_draft/1/
+    "$PY" build/default_model.py
+    echo "[eagle] installed $RUN/best ($(cat "$RUN/best/agreement.json"))"
+fi
