@@ -231,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     stale = []
     for name, text in render_text(args.deployment).items():
         path = args.out / name / "config.pbtxt"
+        if name in OPTIONAL_DECODERS and not (args.out / name / "1" / "model.py").is_file():
+            print(f"skipped {name}: {args.out / name} holds no model (optional)")
+            continue  # a repository made for other checkpoints has no EAGLE head: Triton must not load one
         if args.check:
             if not path.exists() or path.read_text() != text:
                 stale.append(str(path))
