@@ -72,8 +72,11 @@ def build_repository(root: Path) -> Path:
     deployment = yaml.safe_load((REPO_ROOT / "build" / "deployments" / "cpu.yaml").read_text())
     deployment["kv_cache"]["num_slots"] = SLOTS
     deployment["admission"].update(max_queued_generations=QUEUED, queue_timeout_s=QUEUE_TIMEOUT_S)
-    for name, config in render_module().render(deployment).items():
+    render = render_module()
+    for name, config in render.render(deployment).items():
         source = Path(os.environ["SPECDEC_TEST_MODEL_REPOSITORY"]) / name / "1"  # tests/conftest.py
+        if name in render.OPTIONAL_DECODERS and not source.is_dir():
+            continue  # the fixture pair has no EAGLE head
         version = root / name / "1"
         version.mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(text_format.MessageToString(config))
