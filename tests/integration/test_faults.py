@@ -46,7 +46,7 @@ FAULT = Path(__file__).with_name("fault")
 class TritonPythonModel(DecoderModel):
     def initialize(self, args: dict) -> None:
         super().initialize(args)
-        forward = self.engine.runtime.forward
+        forward = self.engine.runtime.forward_outputs  # what the engines call
 
         def guarded(items):
             mode = FAULT.read_text().strip() if FAULT.exists() else ""
@@ -56,7 +56,7 @@ class TritonPythonModel(DecoderModel):
                 raise RuntimeError("injected fault: the forward pass failed")
             return forward(items)
 
-        self.engine.runtime.forward = guarded
+        self.engine.runtime.forward_outputs = guarded
 '''
 
 
