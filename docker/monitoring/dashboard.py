@@ -171,12 +171,14 @@ def dashboard() -> dict[str, Any]:
                   "percentunit", min=0, max=1, orientation="vertical", displayMode="gradient",
                   reduceOptions={"calcs": ["lastNotNull"], "fields": "", "values": False}), w=8)
     lay.add(timeseries("Draft and verification work", "Draft tokens proposed, accepted, and verification passes "
-                       "per second.",
+                       "per second; requests per second by the drafter that proposed for them.",
                        [(f"sum(rate({drafted}{{{SPEC}}}[{WINDOW}]))", "proposed"),
                         (f"sum(rate({accepted}{{{SPEC}}}[{WINDOW}]))", "accepted"),
                         (f"sum(rate({m.VERIFICATION_PASSES.name}{{{SPEC}}}[{WINDOW}]))", "verification passes"),
                         (f"sum(rate({m.TARGET_CALLS.name}{{{SPEC}}}[{WINDOW}]))", "target calls"),
-                        (f"sum(rate({m.DRAFT_CALLS.name}{{{SPEC}}}[{WINDOW}]))", "draft calls")], "short"), w=8)
+                        (f"sum(rate({m.DRAFT_CALLS.name}{{{SPEC}}}[{WINDOW}]))", "draft calls"),
+                        (f"sum by (drafter) (rate({m.DRAFTER_REQUESTS.name}{{{SPEC}}}[{WINDOW}]))",
+                         "requests drafted by {{drafter}}")], "short"), w=8)
     lay.add(timeseries("Generations in flight and KV slots", "Requests generating now; sequence slots and KV blocks "
                        "held by live sequences / in each decoder instance's pool.",
                        [(f"sum({m.ACTIVE_REQUESTS.name}{{{SERVER}}})", "generating"),
