@@ -19,10 +19,38 @@ from typing import Any
 import yaml
 
 from specdec.acceptance import ACCEPTANCE_MODES
+from specdec.drafting.ngram import MAX_NGRAM, PromptLookup
 from specdec.errors import InvalidRequestError
 
 TASKS = ("json", "code", "text")
-DRAFTERS = ("model", "eagle", "ngram")  # the draft model, the EAGLE head on target features, prompt lookup
+# The draft model, the EAGLE head on target features, prompt lookup, and prompt lookup in front of either
+# model drafter (the model drafts only when the context's suffix has no earlier match).
+MODEL_DRAFTERS = ("model", "eagle")
+LOOKUP_SUFFIX = "+ngram"
+DRAFTERS = ("model", "eagle", "ngram", "model" + LOOKUP_SUFFIX, "eagle" + LOOKUP_SUFFIX)
+
+
+def model_drafter_of(drafter: str) -> str | None:
+    """The model drafter a drafter name runs (`model`, `eagle`), or None for prompt lookup alone."""
+    name = drafter.removesuffix(LOOKUP_SUFFIX)
+    return name if name in MODEL_DRAFTERS else None
+
+
+def uses_lookup(drafter: str) -> bool:
+    """Whether the drafter proposes by prompt lookup (alone, or in front of a model drafter)."""
+    return drafter == "ngram" or drafter.endswith(LOOKUP_SUFFIX)
+
+
+def with_model_drafter(drafter: str, model: str) -> str:
+    """`drafter` with its model part replaced by `model` (prompt lookup kept)."""
+    if model_drafter_of(drafter) is None:
+        return drafter
+    return model + (LOOKUP_SUFFIX if uses_lookup(drafter) else "")
+
+
+def drafters_served(eagle_head: bool) -> tuple[str, ...]:
+    """The drafter names a deployment can honour: all of them, less the EAGLE head's where it has none."""
+    return tuple(d for d in DRAFTERS if eagle_head or model_drafter_of(d) != "eagle")
 
 
 @dataclass(frozen=True)
@@ -54,13 +82,15 @@ class SpeculationConfig:
     high_precision_candidates: int = 5
     verify_threshold: float = 0.7
     fallback: FallbackConfig = field(default_factory=FallbackConfig)
+    prompt_lookup: PromptLookup = field(default_factory=PromptLookup)  # for `model+ngram` and `eagle+ngram`
     served_drafters: tuple[str, ...] = DRAFTERS  # the drafters whose models this deployment serves
 
     def serving(self, served_drafters: tuple[str, ...]) -> SpeculationConfig:
         """This config for a deployment that serves only `served_drafters`: a profile whose drafter is not
         served (the EAGLE head is absent from a repository made for other checkpoints) drafts with the draft
         model instead."""
-        profiles = {task: profile if profile.drafter in served_drafters else replace(profile, drafter="model")
+        profiles = {task: profile if profile.drafter in served_drafters
+                    else replace(profile, drafter=with_model_drafter(profile.drafter, "model"))
                     for task, profile in self.profiles.items()}
         return replace(self, profiles=profiles, served_drafters=served_drafters)
 
@@ -84,6 +114,12 @@ class SpeculationConfig:
                 raise ValueError(f"profile {task}: drafter must be in {DRAFTERS}, acceptance in {ACCEPTANCE_MODES}")
             profiles[task] = TaskProfile(lo, hi, default_candidates, drafter, mode)
         fb = spec.get("fallback", {})
+        pl = spec.get("prompt_lookup", {})
+        lookup = PromptLookup(length=int(pl.get("length", PromptLookup.length)),
+                              min_ngram=int(pl.get("min_ngram", PromptLookup.min_ngram)),
+                              max_ngram=int(pl.get("max_ngram", MAX_NGRAM)))
+        if not (lookup.length >= 1 and 1 <= lookup.min_ngram <= lookup.max_ngram):
+            raise ValueError("prompt_lookup needs length >= 1 and 1 <= min_ngram <= max_ngram")
         return cls(
             profiles=profiles,
             high_precision_candidates=int(candidates.get("high_precision", 5)),
@@ -94,6 +130,7 @@ class SpeculationConfig:
                 min_draft_tokens=int(fb.get("min_draft_tokens", 64)),
                 probe_interval_s=float(fb.get("probe_interval_s", min(30.0, float(fb.get("window_s", 300)) / 10))),
             ),
+            prompt_lookup=lookup,
         )
 
     @classmethod
@@ -113,6 +150,7 @@ class SpeculationSettings:
     acceptance: str
     verify_threshold: float
     explicit_length: bool = False  # the request fixed num_draft_tokens: the profile's fallback does not apply
+    prompt_lookup: PromptLookup = PromptLookup()  # how `model+ngram` / `eagle+ngram` look up
 
     @property
     def adaptive(self) -> bool:
@@ -152,7 +190,7 @@ def resolve(config: SpeculationConfig, task: str, prompt_text: str | None, *, nu
     settings = SpeculationSettings(
         task=task, drafter=profile.drafter, min_length=profile.min_length, max_length=profile.max_length,
         num_candidates=profile.num_candidates, acceptance=profile.acceptance,
-        verify_threshold=config.verify_threshold,
+        verify_threshold=config.verify_threshold, prompt_lookup=config.prompt_lookup,
     )
     if sampling and acceptance is None and settings.acceptance == "greedy":
         settings = replace(settings, acceptance="rejection")  # the lossless rule for sampled decoding
@@ -169,6 +207,8 @@ def resolve(config: SpeculationConfig, task: str, prompt_text: str | None, *, nu
             raise InvalidRequestError("verify_threshold", f"must be in (0, 1], got {verify_threshold}")
         settings = replace(settings, verify_threshold=verify_threshold)
     if drafter is not None:
+        if drafter not in DRAFTERS:
+            raise InvalidRequestError("drafter", f"{drafter!r} is not a drafter (one of {', '.join(DRAFTERS)})")
         if drafter not in config.served_drafters:
             raise InvalidRequestError("drafter", f"{drafter!r} is not served here (served: "
                                                  f"{', '.join(config.served_drafters)})")

@@ -33,7 +33,7 @@ import numpy as np
 
 from specdec.acceptance import Verdict, greedy_verify, typical_verify
 from specdec.adaptive import AcceptanceEstimate, CostModel, choose_length
-from specdec.config import SpeculationSettings
+from specdec.config import SpeculationSettings, model_drafter_of, uses_lookup
 from specdec.drafting.base import Proposal
 from specdec.drafting.draft_model import DraftModelDrafter
 from specdec.drafting.eagle import EagleDrafter
@@ -94,7 +94,9 @@ class GenerationStats:
     speculation_length: int = 0  # the k of the latest iteration (0 = plain step)
     fallback_active: bool = False
     task: str = ""
-    drafter: str = ""  # model | eagle | ngram: what proposes for this generation; "none": plain decoding
+    drafter: str = ""  # model | eagle | ngram | model+ngram | eagle+ngram; "none": plain decoding
+    lookup_draft_tokens: int = 0  # of draft_tokens, those prompt lookup proposed
+    lookup_accepted_tokens: int = 0
 
     @property
     def acceptance_rate(self) -> float:
@@ -194,12 +196,22 @@ class _Run:
         # The drafter that keeps a KV slot: the draft model, or the EAGLE head (which also needs the target's
         # features of every committed token: `eagle`).
         self.model_drafter: DraftModelDrafter | EagleDrafter | None = None
-        if self.settings.drafter == "model":
+        model = model_drafter_of(self.settings.drafter)
+        if model == "model":
             self.model_drafter = DraftModelDrafter(self.backend, sequence_id)
-        elif self.settings.drafter == "eagle":
+        elif model == "eagle":
             self.model_drafter = EagleDrafter(self.backend, sequence_id)
         self.eagle = self.model_drafter if isinstance(self.model_drafter, EagleDrafter) else None
-        self.ngram_drafter = NgramDrafter() if self.settings.drafter == "ngram" else None
+        # Prompt lookup: alone it proposes k tokens; in front of a model drafter it proposes first, up to
+        # `lookup_length` tokens, and the model drafts only when the context's suffix has no earlier match.
+        self.lookup: NgramDrafter | None = None
+        self.lookup_length = 0
+        if self.settings.drafter == "ngram":
+            self.lookup = NgramDrafter()
+        elif uses_lookup(self.settings.drafter):
+            options = self.settings.prompt_lookup
+            self.lookup = NgramDrafter(options.max_ngram, options.min_ngram)
+            self.lookup_length = options.length
         self.tokens = list(request.prompt_ids)
         self.prompt_len = len(self.tokens)
         self.target_valid = 0
@@ -276,9 +288,8 @@ class _Run:
             self.speculate = False
 
     async def _iterate(self) -> list[int]:
-        k = self._choose_length()
-        self.stats.speculation_length = k
-        proposal = await self._propose(k) if k > 0 else None
+        proposal, from_model = await self._propose()
+        self.stats.speculation_length = proposal.depth if proposal else 0
         pending = self.tokens[self.target_valid:]
         m = len(pending)
         nodes = proposal.tokens if proposal else []
@@ -303,18 +314,32 @@ class _Run:
         if self._want_features:  # the features of the pending tokens and of the accepted path
             self._keep_features(self.target_valid, result.hidden[list(range(m)) + [m + node for node in verdict.path]])
         self.stats.record_verification(proposal.depth, verdict.accepted)
-        self.estimate.observe(verdict.accepted, proposal.depth)
-        if self.monitor is not None:
-            self.monitor.record(proposal.depth, verdict.accepted)
+        if not from_model:
+            self.stats.lookup_draft_tokens += proposal.depth
+            self.stats.lookup_accepted_tokens += verdict.accepted
+        # The adaptive length and the fallback judge the profile's drafter: with lookup in front of a model
+        # drafter, the model's proposals (lookup costs no model call and keeps proposing while fallen back).
+        if from_model or self.model_drafter is None:
+            self.estimate.observe(verdict.accepted, proposal.depth)
+            if self.monitor is not None:
+                self.monitor.record(proposal.depth, verdict.accepted)
         if tree:
             rows = list(range(m)) + [m + node for node in verdict.path]
             self.pending_commit = (self.target_valid, rows)
         self.target_valid += m + verdict.accepted
-        if self.model_drafter is not None:
+        if from_model:
             self.model_drafter.verified(verdict.accepted)
         return [nodes[node] for node in verdict.path] + [verdict.next_token]
 
+    def _length_cap(self) -> int:
+        """The most draft tokens one chain may have: rows stay within prompt + max_tokens (what admission
+        reserved) after the tokens so far and the target's bonus position, and no draft past max_tokens."""
+        remaining = self.request.max_tokens - (len(self.tokens) - self.prompt_len)
+        room = min(self.request.rows_needed, self.gen.max_context_length) - len(self.tokens) - 1
+        return max(min(remaining - 1, room), 0)
+
     def _choose_length(self) -> int:
+        """The profile drafter's k for this iteration (0: a plain step, or fallen back)."""
         s = self.settings
         if not self.speculate:
             return 0
@@ -327,16 +352,23 @@ class _Run:
         k = s.min_length
         if s.adaptive:
             k = choose_length(self.estimate.rate, s.min_length, s.max_length, s.num_candidates, self.gen.costs)
-        remaining = self.request.max_tokens - (len(self.tokens) - self.prompt_len)
-        # Rows stay within prompt + max_tokens (what admission reserved): a tree of k x candidates nodes
-        # after the tokens so far, plus the target's bonus position.
-        room = min(self.request.rows_needed, self.gen.max_context_length) - len(self.tokens) - 1
-        return max(min(k, remaining - 1, room // max(s.num_candidates, 1)), 0)
+        # A tree holds k x candidates nodes.
+        return min(k, self._length_cap() // max(s.num_candidates, 1))
 
-    async def _propose(self, k: int) -> Proposal | None:
-        if self.ngram_drafter is not None:
-            return await self.ngram_drafter.propose(self.tokens, k)
-        assert self.model_drafter is not None
+    async def _propose(self) -> tuple[Proposal | None, bool]:
+        """This iteration's proposal (None: a plain step) and whether the model drafter made it."""
+        if self.lookup is not None and self.model_drafter is not None and self.settings.enabled:
+            proposal = await self.lookup.propose(self.tokens, min(self.lookup_length, self._length_cap()))
+            if proposal is not None:
+                return proposal, False
+        k = self._choose_length()
+        if k <= 0:
+            return None, False
+        if self.model_drafter is None:
+            return (await self.lookup.propose(self.tokens, k) if self.lookup is not None else None), False
+        return await self._propose_with_model(k), True
+
+    async def _propose_with_model(self, k: int) -> Proposal | None:
         lossless_sampling = self.settings.acceptance == "rejection" and not self.sampling.greedy
         draft_sampling = SamplingParams(
             self.sampling.temperature, self.sampling.top_k, self.sampling.top_p,

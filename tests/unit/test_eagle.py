@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from specdec.config import SpeculationConfig, SpeculationSettings, resolve
 from specdec.drafting.eagle import EagleDrafter
+from specdec.drafting.ngram import PromptLookup
 from specdec.engines import DraftEngine, StepRequest, StepResult, TargetEngine
 from specdec.errors import InvalidRequestError
 from specdec.generation import GenerationRequest, GenerationStats, SpeculativeGenerator
@@ -32,14 +33,16 @@ def backend(pair: tuple[Path, Path], eagle: Path) -> InProcessBackend:
 
 
 def generate(backend_, drafter: str, k: int, candidates: int = 1, prefill_chunk: int = 256,
-             max_tokens: int = 40) -> tuple[list[int], GenerationStats]:
-    settings = SpeculationSettings("text", drafter, k, k, candidates, "greedy", 0.7, explicit_length=True)
+             max_tokens: int = 40, prompt: list[int] = PROMPT,
+             lookup: PromptLookup | None = None) -> tuple[list[int], GenerationStats]:
+    settings = SpeculationSettings("text", drafter, k, k, candidates, "greedy", 0.7, explicit_length=True,
+                                   prompt_lookup=lookup or PromptLookup())
     generator = SpeculativeGenerator(backend_, MAX_LENGTH, prefill_chunk=prefill_chunk)
     stats = GenerationStats()
 
     async def run() -> list[int]:
         tokens: list[int] = []
-        async for update in generator.generate(GenerationRequest(PROMPT, max_tokens, settings=settings), 7, stats):
+        async for update in generator.generate(GenerationRequest(prompt, max_tokens, settings=settings), 7, stats):
             tokens += update.token_ids
         return tokens
 
@@ -110,6 +113,40 @@ def test_each_proposal_is_what_a_fresh_head_computes_from_the_target_features(ti
                                                     features=out.hidden[-1:])])[0]
             chain.append(int(out.logits[-1].argmax()))
         assert proposal == chain[:len(proposal)]  # shorter only at the end (max_tokens)
+
+
+# Repeats its own suffix, so prompt lookup proposes from the start and the head catches up afterwards.
+REPEATING = PROMPT + PROMPT[:6]
+
+
+@pytest.mark.parametrize(("k", "candidates", "prefill_chunk"), [(2, 1, 256), (3, 2, 5)])
+def test_lookup_in_front_of_the_head_equals_plain_and_keeps_its_features(tiny_pair, tiny_eagle, k, candidates,
+                                                                         prefill_chunk, monkeypatch):
+    """Iterations that prompt lookup proposes still hand the head the target's features of what they
+    committed: every later proposal of the head is what a fresh head computes from a full recomputation."""
+    seen: list[tuple[list[int], list[int]]] = []
+    propose = EagleDrafter.propose
+
+    async def recording(self, tokens, k, candidates, sampling, want_probs):
+        proposal = await propose(self, tokens, k, candidates, sampling, want_probs)
+        seen.append((list(tokens), proposal.tokens))
+        return proposal
+
+    monkeypatch.setattr(EagleDrafter, "propose", recording)
+    plain, _ = generate(backend(tiny_pair, tiny_eagle), "model", 0, prompt=REPEATING)
+    got, stats = generate(backend(tiny_pair, tiny_eagle), "eagle+ngram", k, candidates, prefill_chunk,
+                          prompt=REPEATING, lookup=PromptLookup(length=4, min_ngram=1))
+    assert got == plain and stats.draft_failures == 0
+    assert stats.lookup_draft_tokens > 0 and stats.draft_calls == len(seen) > 0
+    if candidates > 1:
+        return
+    target = TorchLlamaRuntime(tiny_pair[0], num_slots=1, max_length=MAX_LENGTH)
+    for tokens, proposal in seen:
+        n = len(tokens)
+        features = target.forward_outputs([ForwardItem(0, 0, np.asarray(tokens[:-1]), num_hidden=n - 1)])[0].hidden
+        head = TorchLlamaRuntime(tiny_eagle, num_slots=1, max_length=MAX_LENGTH)
+        out = head.forward_outputs([ForwardItem(0, 0, np.asarray(tokens[1:]), num_hidden=1, features=features)])[0]
+        assert proposal[0] == int(out.logits[-1].argmax())
 
 
 class FailingEagle(InProcessBackend):

@@ -15,7 +15,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from specdec.adaptive import CostModel
 from specdec.admission import Admission, CancelledWhileQueued
-from specdec.config import DRAFTERS, SpeculationConfig, resolve
+from specdec.config import SpeculationConfig, drafters_served, resolve
 from specdec.detokenize import IncrementalDetokenizer
 from specdec.errors import DeadlineExceededError, InvalidRequestError
 from specdec.fallback import FallbackMonitor
@@ -90,8 +90,7 @@ class TritonPythonModel:
         self.speculation = SpeculationConfig.load(model_dir(args) / params["profiles_file"])
         # The EAGLE head is served when the repository holds its checkpoint (an imported pair has none).
         eagle_head = Path(args["model_repository"]).parent / MODEL_NAMES["eagle"] / "1" / "config.json"
-        served = tuple(d for d in DRAFTERS if d != "eagle" or eagle_head.is_file())
-        self.speculation = self.speculation.serving(served)
+        self.speculation = self.speculation.serving(drafters_served(eagle_head.is_file()))
         # Shared by this instance's requests: fallback state per task, and the measured call costs.
         monitors = {task: FallbackMonitor(task, self.speculation.fallback) for task in self.speculation.profiles}
         self.generator = SpeculativeGenerator(
