@@ -170,10 +170,12 @@ def dashboard() -> dict[str, Any]:
                     f"sum(increase({m.VERIFICATION_PASSES.name}{{{SPEC}}}[$__range]))", "{{position}}")],
                   "percentunit", min=0, max=1, orientation="vertical", displayMode="gradient",
                   reduceOptions={"calcs": ["lastNotNull"], "fields": "", "values": False}), w=8)
-    lay.add(timeseries("Draft and verification work", "Draft tokens proposed, accepted, and verification passes "
-                       "per second; requests per second by the drafter that proposed for them.",
+    lay.add(timeseries("Draft and verification work", "Draft tokens proposed, accepted (all, and those of prompt "
+                       "lookup), and verification passes per second; requests per second by their drafter.",
                        [(f"sum(rate({drafted}{{{SPEC}}}[{WINDOW}]))", "proposed"),
                         (f"sum(rate({accepted}{{{SPEC}}}[{WINDOW}]))", "accepted"),
+                        (f"sum(rate({m.LOOKUP_DRAFT_TOKENS.name}{{{SPEC}}}[{WINDOW}]))", "proposed by lookup"),
+                        (f"sum(rate({m.LOOKUP_ACCEPTED_TOKENS.name}{{{SPEC}}}[{WINDOW}]))", "accepted from lookup"),
                         (f"sum(rate({m.VERIFICATION_PASSES.name}{{{SPEC}}}[{WINDOW}]))", "verification passes"),
                         (f"sum(rate({m.TARGET_CALLS.name}{{{SPEC}}}[{WINDOW}]))", "target calls"),
                         (f"sum(rate({m.DRAFT_CALLS.name}{{{SPEC}}}[{WINDOW}]))", "draft calls"),

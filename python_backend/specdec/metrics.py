@@ -77,9 +77,14 @@ ACCEPTED_DRAFT_TOKENS = MetricSpec("specdec_accepted_draft_tokens_total", "count
 ACCEPTED_BY_POSITION = MetricSpec("specdec_accepted_draft_tokens_by_position_total", "counter",
                                   "Accepted draft tokens by their position in the proposal (0 = first).",
                                   (*_REQ, POSITION))
+LOOKUP_DRAFT_TOKENS = MetricSpec("specdec_lookup_draft_tokens_total", "counter",
+                                 "Of the draft tokens proposed, those prompt lookup proposed (drafters ngram, "
+                                 "model+ngram, eagle+ngram).", _REQ)
+LOOKUP_ACCEPTED_TOKENS = MetricSpec("specdec_lookup_accepted_draft_tokens_total", "counter",
+                                    "Of the draft tokens accepted, those prompt lookup proposed.", _REQ)
 DRAFTER_REQUESTS = MetricSpec("specdec_drafter_requests_total", "counter",
-                              "Generation requests by the drafter that proposed for them (model, eagle, ngram; "
-                              "none: plain decoding).", (*_REQ, DRAFTER))
+                              "Generation requests by the drafter that proposed for them (model, eagle, ngram, "
+                              "model+ngram, eagle+ngram; none: plain decoding).", (*_REQ, DRAFTER))
 VERIFICATION_PASSES = MetricSpec("specdec_verification_passes_total", "counter",
                                  "Target forward passes that verified a draft proposal.", _REQ)
 TARGET_CALLS = MetricSpec("specdec_target_calls_total", "counter",
@@ -132,8 +137,9 @@ UNIQUE_MEMORY = MetricSpec("specdec_unique_memory_bytes", "gauge",
                            "it would free, e.g. the memory cost of loading the draft model.", _PROC)
 
 ALL_METRICS = (
-    REQUESTS, OUTPUT_TOKENS, DRAFT_TOKENS, ACCEPTED_DRAFT_TOKENS, ACCEPTED_BY_POSITION, VERIFICATION_PASSES,
-    TARGET_CALLS, DRAFT_CALLS, DRAFTER_REQUESTS, ERRORS, TTFT, ITL, DURATION, ACCEPTANCE_RATE, MEAN_ACCEPTED_LENGTH,
+    REQUESTS, OUTPUT_TOKENS, DRAFT_TOKENS, ACCEPTED_DRAFT_TOKENS, LOOKUP_DRAFT_TOKENS, LOOKUP_ACCEPTED_TOKENS,
+    ACCEPTED_BY_POSITION, VERIFICATION_PASSES, TARGET_CALLS, DRAFT_CALLS, DRAFTER_REQUESTS, ERRORS, TTFT, ITL,
+    DURATION, ACCEPTANCE_RATE, MEAN_ACCEPTED_LENGTH,
     SPECULATION_LENGTH, FALLBACK_ACTIVE, ACTIVE_REQUESTS, KV_SLOTS_IN_USE, KV_SLOTS, KV_CACHE_BYTES, KV_BLOCKS,
     KV_BLOCKS_IN_USE, KV_BYTES_IN_USE,
     RESIDENT_MEMORY, PROPORTIONAL_MEMORY, UNIQUE_MEMORY,
@@ -316,6 +322,8 @@ class GenerationMetrics:
             sink.observe(ITL, labels, (timer.last_token - timer.first_token) / (tokens - 1))
         for spec, value in ((OUTPUT_TOKENS, tokens), (DRAFT_TOKENS, stats.draft_tokens),
                             (ACCEPTED_DRAFT_TOKENS, stats.accepted_draft_tokens),
+                            (LOOKUP_DRAFT_TOKENS, _stat(stats, ("lookup_draft_tokens",), 0)),
+                            (LOOKUP_ACCEPTED_TOKENS, _stat(stats, ("lookup_accepted_tokens",), 0)),
                             (VERIFICATION_PASSES, stats.verification_passes), (TARGET_CALLS, stats.target_calls),
                             (DRAFT_CALLS, stats.draft_calls)):
             if value:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 from specdec import metrics as m
+from specdec.config import SpeculationSettings
+from specdec.drafting.ngram import PromptLookup
 from specdec.engines import DraftEngine, TargetEngine
 from specdec.errors import CapacityError, InvalidRequestError, UnsupportedError
 from specdec.generation import GenerationRequest, GenerationStats, SpeculativeGenerator, StepError
@@ -214,3 +216,17 @@ def test_background_thread_publishes_without_the_request_path():
 def test_every_metric_is_documented():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "OBSERVABILITY.md").read_text()
     assert [spec.name for spec in m.ALL_METRICS if f"`{spec.name}`" not in doc] == []
+
+
+def test_prompt_lookup_counters_equal_the_requests_stats(generator):
+    clock = FakeClock()
+    sink = m.InMemorySink()
+    metrics = m.GenerationMetrics(sink, "speculative_decoding", "inst_0", clock=clock, window_clock=clock)
+    settings = SpeculationSettings("text", "model+ngram", 2, 2, 1, "greedy", 0.7, explicit_length=True,
+                                   prompt_lookup=PromptLookup(length=6, min_ngram=1))
+    runs = [run(generator, metrics, clock, "text", GenerationRequest(prompt, 24, settings=settings), 70 + n)
+            for n, prompt in enumerate([[7, 1, 2, 3, 9, 7, 1, 2, 3], [4, 4, 4, 4, 4]])]
+    assert sum(s.lookup_draft_tokens for s in runs) > 0
+    assert sink.total(m.LOOKUP_DRAFT_TOKENS, task="text") == sum(s.lookup_draft_tokens for s in runs)
+    assert sink.total(m.LOOKUP_ACCEPTED_TOKENS, task="text") == sum(s.lookup_accepted_tokens for s in runs)
+    assert sink.total(m.DRAFTER_REQUESTS, task="text", drafter="model+ngram") == len(runs)
