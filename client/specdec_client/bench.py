@@ -4,7 +4,8 @@ The article's three scenarios (JSON 128 new tokens, code 256, prose 512) on held
 (`prompts/bench.json`); a concurrency sweep; plain (num_draft_tokens 0) and speculative requests to the same
 server, same models and prompts, interleaved in alternating order (ABBA) so drift hits both alike. At
 concurrency 1 the same run also times Hugging Face transformers on the same checkpoints and prompts: plain
-greedy `generate`, assisted generation (`assistant_model`) with its default schedule, and with a fixed k.
+greedy `generate`, assisted generation (`assistant_model`) with its default schedule, with a fixed k, and
+prompt lookup decoding (`prompt_lookup_num_tokens`).
 
 Per cell: req/s, tok/s, P50/P99 latency, P50/P99 time to first token, inter-token latency
 ((latency - TTFT) / (tokens - 1), as genai-perf), alpha (accepted / proposed draft tokens, from the
@@ -47,8 +48,10 @@ from specdec_client.server import REPO_ROOT, TritonServer, free_port
 PLAIN, SPECULATIVE = "plain", "speculative"
 DRAFTER_MODE_PREFIX = "speculative-"  # `--drafters model,eagle`: one speculative mode per drafter
 HF_GREEDY, HF_ASSISTED, HF_ASSISTED_K = "hf_greedy", "hf_assisted_default", "hf_assisted_k"
+HF_LOOKUP = "hf_prompt_lookup"  # transformers' prompt lookup decoding (prompt_lookup_num_tokens)
+HF_LOOKUP_TOKENS = 10  # transformers' documented example value
 SERVER_MODES = (PLAIN, SPECULATIVE)
-HF_MODES = (HF_GREEDY, HF_ASSISTED, HF_ASSISTED_K)
+HF_MODES = (HF_GREEDY, HF_ASSISTED, HF_ASSISTED_K, HF_LOOKUP)
 DEFAULT_CONCURRENCY = (1, 4, 16)
 # Targets of the real-model and EAGLE issues (benchmark figures, not test assertions).
 TARGET_SPEEDUP = {"json": 3.0, "code": 2.5, "prose": 2.0}  # the real-model issues' targets
@@ -239,7 +242,7 @@ class HfPeer:
         default = {key: getattr(own, key, None) if getattr(own, key, None) is not None else defaults.get(key)
                    for key in keys}
         return {"default_schedule": default, "fixed_k": self.fixed_k, "torch_threads": self.threads,
-                "dtype": "float32"}
+                "dtype": "float32", "prompt_lookup_num_tokens": HF_LOOKUP_TOKENS}
 
     def generate(self, prompt: str, max_tokens: int, mode: str) -> tuple[float, int, str]:
         ids = self.tokenizer(prompt, return_tensors="pt").input_ids
@@ -249,6 +252,8 @@ class HfPeer:
             kwargs["assistant_model"] = self.assistant_default
         elif mode == HF_ASSISTED_K:
             kwargs["assistant_model"] = self.assistant_fixed
+        elif mode == HF_LOOKUP:
+            kwargs["prompt_lookup_num_tokens"] = HF_LOOKUP_TOKENS
         started = time.perf_counter()
         with self.torch.inference_mode():
             out = self.target.generate(ids, **kwargs)
@@ -395,13 +400,15 @@ def markdown(results: dict[str, Any]) -> str:
               "had fallen back to plain decoding (acceptance below the profile's floor).", "",
               "## Targets (concurrency 1)", "",
               "| scenario | speedup (target) | α | τ | ours / HF assisted default | ours / HF assisted k "
-              "| ours / HF greedy | c | v | bound τ/(kc+v) | speedup / bound | P99 spec / plain |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "| ours / HF prompt lookup | ours / HF greedy | c | v | bound τ/(kc+v) | speedup / bound "
+              "| P99 spec / plain |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for scenario, r in ratios.items():
         lines.append(
             f"| {scenario} | {_fmt(r['speedup'], digits=2)}× ({TARGET_SPEEDUP.get(scenario.split()[0], 0):.1f}×) "
             f"| {_fmt(r.get('alpha'), digits=2)} | {_fmt(r.get('tau'), digits=2)} "
             f"| {_fmt(r.get('over_' + HF_ASSISTED), digits=2)} | {_fmt(r.get('over_' + HF_ASSISTED_K), digits=2)} "
+            f"| {_fmt(r.get('over_' + HF_LOOKUP), digits=2)} "
             f"| {_fmt(r.get('over_' + HF_GREEDY), digits=2)} | {_fmt(r.get('c'), digits=3)} "
             f"| {_fmt(r.get('v'), digits=2)} "
             f"| {_fmt(r.get('model_bound'), digits=2)} | {_fmt(r.get('fraction_of_bound'), 100, 0)}% "

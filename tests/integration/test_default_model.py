@@ -153,6 +153,25 @@ def test_eagle_streaming_and_sampling(default_server, chat_prompts, plain) -> No
     assert sampled.stats["total_draft_tokens"] > 0 and sampled.drafter_used == "eagle"
 
 
+@pytest.mark.parametrize("drafter", ["eagle+ngram", "model+ngram"])
+def test_prompt_lookup_in_front_of_each_model_drafter_equals_plain(default_server, chat_prompts, plain,
+                                                                   drafter) -> None:
+    """Prompt lookup first, the model drafter where it finds nothing: greedy equals plain, streaming too, and
+    a sampled request (rejection sampling on lookup's one-hot q and the model's q) is reproducible by seed."""
+    for domain, prompt in chat_prompts[1::2]:
+        result = _generate(default_server, prompt, drafter=drafter)
+        assert result.text == plain[prompt].text, (domain, prompt, drafter)
+        assert result.drafter_used == drafter and not result.stats["fallback_active"]
+    _, prompt = chat_prompts[4]
+    chunks: list[str] = []
+    streamed = _generate(default_server, prompt, drafter=drafter, stream=True, on_text=chunks.append)
+    assert len(chunks) > 1 and "".join(chunks) == plain[prompt].text == streamed.text
+    sampled = [_generate(default_server, prompt, drafter=drafter, temperature=0.8, top_p=0.95, seed=5,
+                         acceptance="rejection") for _ in range(2)]
+    assert sampled[0].text == sampled[1].text and sampled[0].text.strip()
+    assert sampled[0].stats["total_draft_tokens"] > 0
+
+
 def test_eagle_head_is_trained_for_this_target() -> None:
     target = json.loads((TARGET_DIR / "config.json").read_text())
     head = json.loads((EAGLE_DIR / "config.json").read_text())

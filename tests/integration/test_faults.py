@@ -181,11 +181,15 @@ def test_failing_draft_model_degrades_to_plain_decoding_visibly(fault_server):
     plain = generate_grpc(fault_server.grpc_url, {**params, "num_draft_tokens": 0})
     set_fault(fault_server, "draft_model", "error")
     try:
-        degraded = generate_grpc(fault_server.grpc_url, {**params, "num_draft_tokens": 4})
+        degraded = generate_grpc(fault_server.grpc_url, {**params, "num_draft_tokens": 4, "drafter": "model"})
+        # With prompt lookup in front, lookup keeps proposing (no model call) after the draft model failed.
+        with_lookup = generate_grpc(fault_server.grpc_url, {**params, "num_draft_tokens": 4,
+                                                            "drafter": "model+ngram"})
     finally:
         set_fault(fault_server, "draft_model", "")
-    assert degraded.text == plain.text  # greedy: plain decoding gives the same tokens
+    assert degraded.text == plain.text == with_lookup.text  # greedy: the same tokens either way
     assert degraded.stats["total_draft_tokens"] == 0 and degraded.stats["fallback_active"] == 1.0
+    assert with_lookup.stats["fallback_active"] == 1.0
     assert "draft_model failed" in fault_server.log_file.read_text()
     # The counters are updated after the final response is sent: allow the model a moment.
     deadline = time.monotonic() + 15
@@ -204,7 +208,7 @@ def test_failing_draft_model_degrades_to_plain_decoding_visibly(fault_server):
 def test_unloaded_draft_model_degrades_to_plain_decoding_until_reloaded(fault_server):
     admin = {ADMIN_KEY_HEADER: fault_server.admin_key}
     base = f"http://{fault_server.http_url}/v2/repository/models/draft_model"
-    params = {"text_input": '{"id": 7, "name": "', "max_tokens": 16, "num_draft_tokens": 4}
+    params = {"text_input": '{"id": 7, "name": "', "max_tokens": 16, "num_draft_tokens": 4, "drafter": "model"}
     assert requests.post(f"{base}/unload", headers=admin, timeout=60).status_code == 200
     try:
         degraded = generate_grpc(fault_server.grpc_url, params)

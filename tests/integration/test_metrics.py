@@ -42,8 +42,10 @@ def test_metrics_agree_with_the_responses(server, all_prompts):
     code_prompts = [p for d, p in all_prompts if d == "code"][:2]
     before = scrape(server.metrics_url)
 
+    # The draft model alone: every proposal is K long (prompt lookup in front would propose its own length).
     spec = [generate_grpc(server.grpc_url, {"text_input": p, "max_tokens": 24, "num_draft_tokens": K,
-                                            "task": "json", "stream": True}) for p in json_prompts]
+                                            "task": "json", "stream": True, "drafter": "model"})
+            for p in json_prompts]
     plain = [generate_http(server.http_url, {"text_input": p, "max_tokens": 16, "num_draft_tokens": 0,
                                              "task": "code"}) for p in code_prompts]
     with pytest.raises(GenerationError, match="beam_width"):
@@ -119,10 +121,18 @@ def test_dashboard_queries_return_data_on_a_real_prometheus(server, all_prompts,
     prompts = [p for d, p in all_prompts if d == "code"]
     with check_queries.local_prometheus(target, tmp_path) as prometheus:
         # Traffic until Prometheus has two scrapes that saw it (rate() needs two points), then one more scrape.
+        # A prompt holding its own greedy continuation, so prompt lookup in front of the draft model proposes
+        # (and has tokens accepted) when the target writes that continuation again.
+        echo = generate_grpc(server.grpc_url, {"text_input": prompts[1], "max_tokens": 24, "task": "code",
+                                               "num_draft_tokens": 0, "exclude_input_in_output": True}).text
+        repeating = prompts[1] + echo + "\n\n" + prompts[1]
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             generate_grpc(server.grpc_url, {"text_input": prompts[0], "max_tokens": 12, "task": "code"})
-            if check_queries.evaluate(prometheus, "sum(rate(specdec_output_tokens_total[1m])) > 0")[1]:
+            generate_grpc(server.grpc_url, {"text_input": repeating, "max_tokens": 24, "task": "code",
+                                            "drafter": "model+ngram"})
+            if all(check_queries.evaluate(prometheus, f"sum(rate({name}[1m])) > 0")[1]
+                   for name in ("specdec_output_tokens_total", "specdec_lookup_accepted_draft_tokens_total")):
                 break
         time.sleep(2)
         rows = check_queries.check(prometheus, rate="1m", range_="2m")
