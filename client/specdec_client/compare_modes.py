@@ -1,5 +1,7 @@
 """`compare-modes`: chain vs tree vs n-gram drafting against plain decoding, per scenario, in one run.
 
+Modes: the task profile's drafter as a chain and as a tree of 3 candidates, the EAGLE head alone (a chain
+of the profile's k), and prompt lookup alone (12 tokens, the length it proposes in front of a model drafter).
 Same server, same prompts, modes interleaved per prompt (plain, chain, tree, n-gram, then the reverse
 order on the next round) so machine drift hits every mode alike. Greedy, concurrency 1. Reports per
 scenario and mode: output tokens/s (median over requests), speedup over plain, alpha (accepted / proposed
@@ -27,7 +29,8 @@ MODES: dict[str, dict] = {
     "plain": {"num_draft_tokens": 0},
     "chain": {"num_candidates": 1},
     "tree": {"num_candidates": 3},
-    "ngram": {"drafter": "ngram"},
+    "eagle": {"drafter": "eagle", "num_candidates": 1},
+    "ngram": {"drafter": "ngram", "num_draft_tokens": 12},
 }
 
 
@@ -102,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.scenarios:
         scenarios = {name: scenarios[name] for name in args.scenarios}
     modes = k_sweep_modes(args.k_sweep) if args.k_sweep else MODES
+    if not (args.model_repository / "eagle_draft" / "1" / "config.json").is_file():
+        modes = {name: params for name, params in modes.items() if name != "eagle"}  # no head is served there
     server = None
     url = args.url
     if args.start_server:
