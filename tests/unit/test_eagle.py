@@ -87,9 +87,8 @@ def test_greedy_with_the_head_equals_plain_decoding(tiny_pair, tiny_eagle, k, ca
     assert stats.draft_calls == stats.verification_passes > 0
 
 
-def test_each_proposal_is_what_a_fresh_head_computes_from_the_target_features(tiny_pair, tiny_eagle, monkeypatch):
-    """The head's rows after many rollbacks hold exactly the target's features of the committed tokens: each
-    proposal equals the chain a fresh head drafts from a full recomputation."""
+def record_head_proposals(monkeypatch) -> list[tuple[list[int], list[int]]]:
+    """(context tokens, proposed tokens) of every EAGLE proposal made from now on."""
     seen: list[tuple[list[int], list[int]]] = []
     propose = EagleDrafter.propose
 
@@ -99,6 +98,13 @@ def test_each_proposal_is_what_a_fresh_head_computes_from_the_target_features(ti
         return proposal
 
     monkeypatch.setattr(EagleDrafter, "propose", recording)
+    return seen
+
+
+def test_each_proposal_is_what_a_fresh_head_computes_from_the_target_features(tiny_pair, tiny_eagle, monkeypatch):
+    """The head's rows after many rollbacks hold exactly the target's features of the committed tokens: each
+    proposal equals the chain a fresh head drafts from a full recomputation."""
+    seen = record_head_proposals(monkeypatch)
     generate(backend(tiny_pair, tiny_eagle), "eagle", 3, prefill_chunk=5)
     assert len(seen) > 5 and sum(len(proposal) == 3 for _, proposal in seen) >= len(seen) - 2
     target = TorchLlamaRuntime(tiny_pair[0], num_slots=1, max_length=MAX_LENGTH)
@@ -124,15 +130,7 @@ def test_lookup_in_front_of_the_head_equals_plain_and_keeps_its_features(tiny_pa
                                                                          prefill_chunk, monkeypatch):
     """Iterations that prompt lookup proposes still hand the head the target's features of what they
     committed: every later proposal of the head is what a fresh head computes from a full recomputation."""
-    seen: list[tuple[list[int], list[int]]] = []
-    propose = EagleDrafter.propose
-
-    async def recording(self, tokens, k, candidates, sampling, want_probs):
-        proposal = await propose(self, tokens, k, candidates, sampling, want_probs)
-        seen.append((list(tokens), proposal.tokens))
-        return proposal
-
-    monkeypatch.setattr(EagleDrafter, "propose", recording)
+    seen = record_head_proposals(monkeypatch)
     plain, _ = generate(backend(tiny_pair, tiny_eagle), "model", 0, prompt=REPEATING)
     got, stats = generate(backend(tiny_pair, tiny_eagle), "eagle+ngram", k, candidates, prefill_chunk,
                           prompt=REPEATING, lookup=PromptLookup(length=4, min_ngram=1))
