@@ -61,6 +61,8 @@ def grpc_inputs(params: dict[str, Any]) -> list[grpcclient.InferInput]:
         dtype = INPUT_DTYPES.get(name)
         if dtype is None:
             raise ValueError(f"unknown input {name}")
+        if dtype is np.object_ and not isinstance(value, str | bytes):
+            raise TypeError(f"{name} must be text, got {type(value).__name__}")  # numpy would send its repr
         array = np.array([[value.encode() if isinstance(value, str) else value]], dtype=dtype)
         tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
         tensor.set_data_from_numpy(array)

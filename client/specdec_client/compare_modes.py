@@ -49,7 +49,8 @@ def run(url: str, scenarios: dict, per_scenario: int, rounds: int, max_tokens: i
             for name, prompt in work:
                 spec = scenarios[name]
                 for mode in (order if round_index % 2 == 0 else order[::-1]):
-                    params = {"text_input": prompt, "max_tokens": max_tokens or spec["max_tokens"],
+                    text = prompt["prompt"] if isinstance(prompt, dict) else prompt  # prompt files list {id, prompt}
+                    params = {"text_input": text, "max_tokens": max_tokens or spec["max_tokens"],
                               "task": spec["task"], "exclude_input_in_output": True, **modes[mode]}
                     result = generate_grpc(url, params)
                     results.setdefault(name, {}).setdefault(mode, []).append({
