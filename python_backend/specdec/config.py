@@ -118,8 +118,6 @@ class SpeculationConfig:
         lookup = PromptLookup(length=int(pl.get("length", PromptLookup.length)),
                               min_ngram=int(pl.get("min_ngram", PromptLookup.min_ngram)),
                               max_ngram=int(pl.get("max_ngram", MAX_NGRAM)))
-        if not (lookup.length >= 1 and 1 <= lookup.min_ngram <= lookup.max_ngram):
-            raise ValueError("prompt_lookup needs length >= 1 and 1 <= min_ngram <= max_ngram")
         return cls(
             profiles=profiles,
             high_precision_candidates=int(candidates.get("high_precision", 5)),

@@ -27,6 +27,10 @@ class PromptLookup:
     min_ngram: int = 2
     max_ngram: int = MAX_NGRAM
 
+    def __post_init__(self) -> None:
+        if not (self.length >= 1 and 1 <= self.min_ngram <= self.max_ngram):
+            raise ValueError(f"prompt_lookup needs length >= 1 and 1 <= min_ngram <= max_ngram, got {self}")
+
 
 def lookup(tokens: Sequence[int], k: int, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM) -> list[int]:
     """Up to k tokens that followed the most recent earlier match of the longest matching suffix n-gram.
