@@ -7,8 +7,14 @@
 # 1. the corpora and chat requests (as build/distill_default_draft.sh; prose needs Debian packages);
 # 2. in the background, two shards of build/target_answers.py answer requests for ANSWER_MINUTES;
 # 3. build/eagle_features.py records the target's features of those answers and of text windows;
-# 4. build/train_eagle.py trains the head from the standalone draft; the best held-out checkpoint is installed
-#    into model_repository/eagle_draft/1 and completed with the target's embeddings (build/default_model.py).
+# 4. build/train_eagle.py trains the head from INIT_FROM (the standalone draft: the head starts as the draft and
+#    learns to read the features; or a trained head, to train it further on more answers); the best held-out
+#    checkpoint is installed into model_repository/eagle_draft/1 and completed with the target's embeddings
+#    (build/default_model.py). The installed head took two runs (docs/MODELS.md section 6):
+#
+#      bash build/distill_eagle.sh                                         # stage 1: 70 min of answers, 300 steps
+#      ANSWER_MINUTES=56 TEXT_PER_DOMAIN=200 FEATURES=data/eagle2 RUN=runs/eagle2 INIT_FROM=runs/eagle/best \
+#          STEPS=400 WARMUP=20 SEED=4321 bash build/distill_eagle.sh        # stage 2: more answers, from stage 1
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,6 +26,9 @@ RUN=${RUN:-runs/eagle}
 ANSWER_MINUTES=${ANSWER_MINUTES:-70}   # how long the target writes answers (0: use what is there)
 TEXT_PER_DOMAIN=${TEXT_PER_DOMAIN:-300}
 STEPS=${STEPS:-300}
+INIT_FROM=${INIT_FROM:-model_repository/draft_model/1}
+WARMUP=${WARMUP:-30}
+SEED=${SEED:-1234}
 INSTALL=${INSTALL:-1}
 
 source build/distill_common.sh
@@ -41,12 +50,14 @@ echo "[eagle] recording the target's features -> $FEATURES"
     --out "$FEATURES" --threads 2 --seed 11 > "$FEATURES/features.log" 2>&1
 
 resume=()
+vocab=()  # a head trained further keeps its proposal vocabulary; from the draft, one is chosen from the answers
+[ -f "$INIT_FROM/eagle_layers.safetensors" ] && vocab=(--proposal-vocab-file "$INIT_FROM/proposal_vocab.json")
 [ -f "$RUN/state.pt" ] && resume=(--resume)
 echo "[eagle] training $STEPS steps -> $RUN (log $RUN.log)"
 "$PY" build/train_eagle.py --target "$TARGET" --features "$FEATURES" --out "$RUN" \
-    --init-from model_repository/draft_model/1 --fc-init embedding --fc-lr-scale 1.0 --lr 3e-4 --warmup 30 \
-    --steps "$STEPS" --tokens-per-batch 8192 --eval-every 50 --ckpt-every 50 --threads 2 --seed 1234 \
-    --no-progress "${resume[@]}" 2> "$RUN.log"
+    --init-from "$INIT_FROM" "${vocab[@]}" --fc-init embedding \
+    --fc-lr-scale 1.0 --lr 3e-4 --warmup "$WARMUP" --steps "$STEPS" --tokens-per-batch 8192 --eval-every 50 \
+    --ckpt-every 50 --threads 2 --seed "$SEED" --no-progress "${resume[@]}" 2> "$RUN.log"
 if [ "$INSTALL" = 1 ]; then
     cp "$RUN/best/config.json" "$RUN/best/eagle_layers.safetensors" "$RUN/best/proposal_vocab.json" \
         model_repository/eagle_draft/1/
