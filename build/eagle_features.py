@@ -8,6 +8,10 @@ similar-length examples records f_t at every position of:
   "answer_ids"}``), prompt and answer, greedy and sampled alike (the head's soft labels come from f itself);
 * optionally, windows of real training text (``--text-per-domain``), cut as ``build/target_labels.py`` cuts them.
 
+With ``--aux-layers`` (EAGLE-3's multi-layer fusion), the outputs of those decoder layers (the residual stream
+before the next layer, unnormalized) are recorded too, in ``aux_NNNNN.npy`` (float16 ``[tokens, layers,
+hidden]``, rows as in the features shard); ``aux_layers.json`` names the layers.
+
 On greedy answers the recorded features are checked: ``argmax(f_t @ E^T)`` must be the answer's next token
 (the share that is, ``greedy_match``, is printed; below 1 only at near-ties of batched against incremental
 fp32 arithmetic).
@@ -40,6 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 FEATURES = "features_{:05d}.npy"
 INDEX = "index_{:05d}.jsonl"
+AUX = "aux_{:05d}.npy"
+AUX_LAYERS_FILE = "aux_layers.json"
 
 
 def read_index(out: Path) -> list[dict]:
@@ -102,19 +108,21 @@ def groups_by_length(examples: list[dict], tokens_per_batch: int, seed: int) -> 
 class FeatureRecorder:
     """The target in fp32 (Hugging Face Llama): ``features(ids)`` is its final-normed hidden state."""
 
-    def __init__(self, target: Path, bf16: bool = False) -> None:
+    def __init__(self, target: Path, bf16: bool = False, aux_layers: tuple[int, ...] = ()) -> None:
         from transformers import LlamaForCausalLM
 
         self.model = LlamaForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
         self.embed = self.model.get_input_embeddings().weight  # tied: the output layer too
         self.bf16 = bf16
+        self.aux_layers = aux_layers
         config = self.model.config
         self.pad_id = int(config.pad_token_id if config.pad_token_id is not None else 0)
         self.hidden = int(config.hidden_size)
 
     @torch.inference_mode()
-    def features(self, batch: list[list[int]]) -> torch.Tensor:
-        """``[B, width, hidden]`` fp32 features of right-padded sequences (rows past a sequence are junk)."""
+    def features(self, batch: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``[B, width, hidden]`` fp32 features of right-padded sequences (rows past a sequence are junk) and,
+        with aux layers, their outputs ``[B, width, layers, hidden]``."""
         width = max(len(ids) for ids in batch)
         ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
         for row, seq in enumerate(batch):
@@ -122,8 +130,11 @@ class FeatureRecorder:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
             # LlamaModel's last hidden state is model.norm's output: what lm_head multiplies. Causal attention
             # over right padding leaves every real position exactly as it is alone.
-            hidden = self.model.model(input_ids=ids, use_cache=False).last_hidden_state
-        return hidden.float()
+            out = self.model.model(input_ids=ids, use_cache=False, output_hidden_states=bool(self.aux_layers))
+        aux = None
+        if self.aux_layers:  # hidden_states[i + 1] is decoder layer i's output
+            aux = torch.stack([out.hidden_states[i + 1] for i in self.aux_layers], dim=2).float()
+        return out.last_hidden_state.float(), aux
 
     @torch.inference_mode()
     def greedy_matches(self, feats: torch.Tensor, ex: dict) -> tuple[int, int]:
@@ -135,14 +146,21 @@ class FeatureRecorder:
         return int((predicted == ids[start:]).sum()), len(ids) - start
 
 
-def write_shard(out: Path, shard: int, feats: list[np.ndarray], rows: list[dict]) -> None:
-    """Features first, then the index that marks the shard complete (both through a rename)."""
-    data = np.concatenate(feats).astype(np.float16)
+def _save(path: Path, arrays: list[np.ndarray], what: str) -> None:
+    data = np.concatenate(arrays).astype(np.float16)
     if not np.isfinite(data).all():
-        raise ValueError(f"shard {shard}: features outside the float16 range")
-    tmp = out / (FEATURES.format(shard) + ".tmp.npy")
+        raise ValueError(f"{path.name}: {what} outside the float16 range")
+    tmp = path.with_name(path.name + ".tmp.npy")
     np.save(tmp, data)
-    os.replace(tmp, out / FEATURES.format(shard))
+    os.replace(tmp, path)
+
+
+def write_shard(out: Path, shard: int, feats: list[np.ndarray], rows: list[dict],
+                aux: list[np.ndarray] | None = None) -> None:
+    """Features (and aux layers) first, then the index that marks the shard complete (all through a rename)."""
+    _save(out / FEATURES.format(shard), feats, "features")
+    if aux:
+        _save(out / AUX.format(shard), aux, "aux layer outputs")
     tmp = out / (INDEX.format(shard) + ".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     os.replace(tmp, out / INDEX.format(shard))
@@ -156,18 +174,21 @@ def record(recorder: FeatureRecorder, examples: list[dict], out: Path, tokens_pe
     taken += [int(p.stem.split("_")[1]) for p in out.glob("index_*.jsonl")]
     shard = max(taken, default=-1) + 1
     feats: list[np.ndarray] = []
+    aux_rows: list[np.ndarray] = []
     rows: list[dict] = []
     offset = matched = checked = tokens = 0
     started = time.monotonic()
     bar = tqdm(total=sum(len(e["ids"]) for e in examples), desc="features", unit="tok", unit_scale=True,
                disable=not progress)
     for group in groups_by_length(examples, tokens_per_batch, seed):
-        hidden = recorder.features([ex["ids"] for ex in group])
+        hidden, aux = recorder.features([ex["ids"] for ex in group])
         for row, ex in enumerate(group):
             n = len(ex["ids"])
             m, c = recorder.greedy_matches(hidden[row], ex)
             matched, checked = matched + m, checked + c
             feats.append(hidden[row, :n].numpy().astype(np.float16))
+            if aux is not None:
+                aux_rows.append(aux[row, :n].numpy().astype(np.float16))
             rows.append({"id": ex["id"], "domain": ex["domain"], "kind": ex["kind"], "mode": ex["mode"],
                          "offset": offset, "length": n, "prompt_len": ex["prompt_len"], "ids": ex["ids"]})
             offset += n
@@ -175,10 +196,10 @@ def record(recorder: FeatureRecorder, examples: list[dict], out: Path, tokens_pe
         bar.update(sum(len(ex["ids"]) for ex in group))
         bar.set_postfix(greedy_match=f"{matched / max(checked, 1):.4f}")
         if offset >= shard_tokens:
-            write_shard(out, shard, feats, rows)
-            shard, feats, rows, offset = shard + 1, [], [], 0
+            write_shard(out, shard, feats, rows, aux_rows)
+            shard, feats, aux_rows, rows, offset = shard + 1, [], [], [], 0
     if rows:
-        write_shard(out, shard, feats, rows)
+        write_shard(out, shard, feats, rows, aux_rows)
     bar.close()
     seconds = time.monotonic() - started
     return {"examples": len(examples), "tokens": tokens, "seconds": round(seconds, 1),
@@ -201,10 +222,21 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--limit", type=int, default=0, help="record at most this many new examples in this run")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--bf16", action="store_true", help="bfloat16 autocast: faster, features then not exact")
+    ap.add_argument("--aux-layers", default="", help="comma-separated decoder layers whose outputs are recorded "
+                    "too (EAGLE-3 fusion, e.g. 2,15; a folder keeps one choice)")
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--no-progress", dest="progress", action="store_false")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    aux_layers = tuple(int(x) for x in args.aux_layers.split(",") if x.strip())
+    args.out.mkdir(parents=True, exist_ok=True)
+    chosen = args.out / AUX_LAYERS_FILE
+    if chosen.exists() and tuple(json.loads(chosen.read_text(encoding="utf-8"))) != aux_layers:
+        ap.error(f"{args.out} records aux layers {chosen.read_text().strip()}, not {list(aux_layers)}")
+    if aux_layers and not chosen.exists() and any(args.out.glob("index_*.jsonl")):
+        ap.error(f"{args.out} holds shards recorded without aux layers")
+    if aux_layers and not chosen.exists():
+        chosen.write_text(json.dumps(list(aux_layers)) + "\n", encoding="utf-8")
     examples = load_examples(args.answers, args.max_len)
     if args.text_per_domain:
         examples += text_examples(args.target, args.corpora, args.text_per_domain, args.text_length, args.seed)
@@ -217,7 +249,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"({sum(len(e['ids']) for e in todo):,} tokens) into {args.out}", file=sys.stderr)
     summary = {"examples": 0, "tokens": 0}
     if todo:
-        recorder = FeatureRecorder(args.target, bf16=args.bf16)
+        recorder = FeatureRecorder(args.target, bf16=args.bf16, aux_layers=aux_layers)
         summary = record(recorder, todo, args.out, args.tokens_per_batch, args.shard_tokens, args.seed,
                          args.progress)
     print(json.dumps(summary), file=sys.stderr)

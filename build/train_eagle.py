@@ -9,6 +9,12 @@ final-normed hidden state, ``logits_t = f_t @ E^T``):
 * its own final RMSNorm: ``g_j = norm(h_j)``, the predicted feature (it regresses f_{j+1}); logits
   ``g_j @ E_p^T`` over the proposal vocabulary E_p (FR-Spec) predict x_{j+2}.
 
+EAGLE-3's multi-layer fusion (``--aux``, features recorded with ``--aux-layers``): true rows add
+``fc_aux(a_j)``, a_j the outputs of lower target layers at position j, each RMS-normalized without weights
+(their scales differ by orders of magnitude between layers and tokens); ``fc_aux`` starts at zero, so a head
+trained further starts exactly as it was. Drafted rows have no such outputs (the target has not run on their
+tokens): they add nothing, in training (the unrolled step) as in inference.
+
 Drafting, the head's row after the last true one reads its own g as the feature and the drafted token. The
 training-time test trains that second step: unrolled row j (j >= 1) reads ``g_{j-1}`` (its prediction of
 f_j) and x_{j+1}, attends to the true rows' keys i < j and to its own key (what inference's cache holds then)
@@ -50,7 +56,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python_backend"))
 
-from eagle_features import FEATURES, read_index  # noqa: E402
+from eagle_features import AUX, AUX_LAYERS_FILE, FEATURES, read_index  # noqa: E402
 from specdec.checkpoint import PROPOSAL_VOCAB_FILE, load_state_dict  # noqa: E402
 from specdec.runtime.torch_llama import rms_norm, rotate_half  # noqa: E402
 from train import cpu_has_native_bf16  # noqa: E402
@@ -62,6 +68,7 @@ except ImportError:  # the runtime side not there yet: the same names
     EAGLE_CONFIG_KEY, EAGLE_FC_WEIGHT = "specdec_eagle", "eagle.fc.weight"
 
 EAGLE_WEIGHTS = "eagle_layers.safetensors"
+EAGLE_FC_AUX_WEIGHT = "eagle.fc_aux.weight"
 AGREEMENT_FILE = "agreement.json"
 LAYER_KEYS = ("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
               "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
@@ -71,10 +78,11 @@ FC_INITS = ("feature", "embedding", "both")
 
 # ----------------------------------------------------------------------------------------------------- data
 
-def load_features(dirs: list[Path], valid_frac: float, max_len: int) -> tuple[list[dict], list[dict], dict]:
+def load_features(dirs: list[Path], valid_frac: float, max_len: int,
+                  aux: bool = False) -> tuple[list[dict], list[dict], dict]:
     """(train, valid, arrays): examples ``{"id", "ids", "start", "domain", "mode", "kind", "src", "offset"}``
     (``start``: first answer position, 0 for text windows; ``src``: key of its features in ``arrays``, the
-    memory-mapped float16 shards)."""
+    memory-mapped float16 shards; with ``aux``, ``(*src, "aux")`` keys its aux layers' shard)."""
     train, valid, arrays, seen = [], [], {}, set()
     for d, folder in enumerate(dirs):
         for row in read_index(folder):
@@ -84,6 +92,8 @@ def load_features(dirs: list[Path], valid_frac: float, max_len: int) -> tuple[li
             src = (d, row["shard"])
             if src not in arrays:
                 arrays[src] = np.load(folder / FEATURES.format(row["shard"]), mmap_mode="r")
+                if aux:
+                    arrays[(*src, "aux")] = np.load(folder / AUX.format(row["shard"]), mmap_mode="r")
             text = row["mode"] == "text"
             example = {"id": row["id"], "ids": row["ids"][:max_len], "start": 0 if text else row["prompt_len"],
                        "domain": row["domain"], "mode": row["mode"], "kind": row.get("kind", ""), "src": src,
@@ -95,7 +105,8 @@ def load_features(dirs: list[Path], valid_frac: float, max_len: int) -> tuple[li
 
 
 def collate(batch: list[dict], arrays: dict) -> dict[str, torch.Tensor]:
-    """Right-padded ``ids`` [B, T], ``feats`` [B, T, H] (fp32) and the rows the losses read.
+    """Right-padded ``ids`` [B, T], ``feats`` [B, T, H] (fp32), where recorded ``aux`` [B, T, layers * H], and
+    the rows the losses read.
 
     ``rows`` [B, W]: the head rows computed in full (first answer rows - 3 onward: one row before the first
     loss row, whose g the unrolled step reads); ``mask`` [B, W]: rows j with x_{j+2} on the answer (or text)."""
@@ -107,15 +118,26 @@ def collate(batch: list[dict], arrays: dict) -> dict[str, torch.Tensor]:
     span = max(len(ex["ids"]) - 2 - f for ex, f in zip(batch, first, strict=True))
     rows = torch.zeros((len(batch), span), dtype=torch.long)
     mask = torch.zeros((len(batch), span), dtype=torch.bool)
+    aux_key = (*batch[0]["src"], "aux")
+    aux = None
+    if aux_key in arrays:
+        layers = arrays[aux_key].shape[1]
+        aux = torch.zeros((len(batch), width, layers * hidden), dtype=torch.float32)
     for b, (ex, f) in enumerate(zip(batch, first, strict=True)):
         n = len(ex["ids"])
         ids[b, :n] = torch.as_tensor(ex["ids"])
         feats[b, :n] = torch.from_numpy(np.asarray(arrays[ex["src"]][ex["offset"]:ex["offset"] + n],
                                                    dtype=np.float32))
+        if aux is not None:
+            aux[b, :n] = torch.from_numpy(np.asarray(arrays[(*ex["src"], "aux")][ex["offset"]:ex["offset"] + n],
+                                                     dtype=np.float32).reshape(n, -1))
         j = torch.arange(f, f + span)
         rows[b] = j.clamp(max=width - 2)
         mask[b] = (j + 2 >= ex["start"]) & (j <= n - 3)
-    return {"ids": ids, "feats": feats, "rows": rows, "mask": mask}
+    out = {"ids": ids, "feats": feats, "rows": rows, "mask": mask}
+    if aux is not None:
+        out["aux"] = aux
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------- model
@@ -206,7 +228,8 @@ class EagleHead(torch.nn.Module):
 
     def __init__(self, target_dir: Path, proposal_ids: list[int], init_layer: int = 29,
                  fc_init: str = "embedding", fc_noise: float = 0.0, seed: int = 0,
-                 init_from: Path | None = None, fc_lr_scale: float = 1.0, feature_rms: float | None = None) -> None:
+                 init_from: Path | None = None, fc_lr_scale: float = 1.0, feature_rms: float | None = None,
+                 aux_layers: tuple[int, ...] = ()) -> None:
         super().__init__()
         config = json.loads((target_dir / "config.json").read_text(encoding="utf-8"))
         self.config = config
@@ -222,6 +245,9 @@ class EagleHead(torch.nn.Module):
         self.model.norm.weight = torch.nn.Parameter(torch.ones(hidden))
         self.eagle = torch.nn.Module()
         self.eagle.fc = ScaledLinear(2 * hidden, hidden)
+        self.aux_layers = tuple(aux_layers)
+        if self.aux_layers:  # zero at the start: the head is what it was until the fusion learns something
+            self.eagle.fc_aux = ScaledLinear(len(self.aux_layers) * hidden, hidden)
         state = load_state_dict(target_dir)
         embed = state[EMBED_KEY]
         self.register_buffer("embed", embed.to(torch.bfloat16), persistent=False)  # frozen, shared
@@ -249,11 +275,14 @@ class EagleHead(torch.nn.Module):
             if fc_init in ("feature", "both"):
                 w[:, hidden:] = eye
             self.eagle.fc.set_weight(w, fc_lr_scale * ratio)
+            if self.aux_layers:  # inputs RMS-normalized to 1: learnt at the embeddings' scale, as the features
+                embed_rms = float(embed.float().pow(2).mean().sqrt())
+                self.eagle.fc_aux.scale.fill_(fc_lr_scale * embed_rms)
             if init_from is not None:  # a trained 1-layer draft (train_draft.py) or EAGLE head: its layer and norm
                 start = load_state_dict(init_from)
                 own = {k: v.float() for k, v in start.items() if k.startswith(("model.layers.0.", "model.norm."))
-                       or k == EAGLE_FC_WEIGHT}
-                missing = set(self.own_state()) - set(own) - {EAGLE_FC_WEIGHT}
+                       or k in (EAGLE_FC_WEIGHT, EAGLE_FC_AUX_WEIGHT)}
+                missing = set(self.own_state()) - set(own) - {EAGLE_FC_WEIGHT, EAGLE_FC_AUX_WEIGHT}
                 if missing:
                     raise KeyError(f"{init_from} has no {sorted(missing)}")
                 self.load_own(own)
@@ -265,8 +294,14 @@ class EagleHead(torch.nn.Module):
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rope_cos[positions][:, None], self.rope_sin[positions][:, None]
 
+    def fused(self, aux: torch.Tensor) -> torch.Tensor:
+        """fc_aux's term of true rows from their aux layers' outputs [B, R, layers * H]."""
+        blocks = aux.view(*aux.shape[:2], len(self.aux_layers), -1)
+        blocks = blocks * torch.rsqrt(blocks.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.eagle.fc_aux(blocks.flatten(2)).float()
+
     def forward(self, ids: torch.Tensor, feats: torch.Tensor, rows: torch.Tensor, ttt: bool = True,
-                detach: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                detach: bool = False, aux: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(g [B, W, H] of the true rows ``rows``, g' [B, W-1, H] of the unrolled rows ``rows[:, 1:]`` or None).
 
         True rows 0..T-2 all give keys/values; only ``rows`` run the rest of the layer (nothing else reads it)."""
@@ -274,6 +309,10 @@ class EagleHead(torch.nn.Module):
         n = width - 1
         # The residual stream stays fp32 under autocast (only the matmuls run in bf16).
         z = self.eagle.fc(torch.cat([self.embed[ids[:, 1:]].to(feats.dtype), feats[:, :-1]], dim=-1)).float()
+        if self.aux_layers:
+            if aux is None:
+                raise ValueError("a fused head needs the aux layers' outputs (features recorded with --aux-layers)")
+            z = z + self.fused(aux[:, :-1])
         cos, sin = self._rope(torch.arange(n, device=ids.device).expand(batch, n))
         x, k, v = self.layer.keys_values(z, cos, sin)
         cos_w, sin_w = self._rope(rows)
@@ -302,8 +341,10 @@ class EagleHead(torch.nn.Module):
 
     def own_state(self) -> dict[str, torch.Tensor]:
         """What the head commits, in bf16 under Hugging Face names: the layer, the norm, eagle.fc.weight."""
-        state = {k: v for k, v in self.state_dict().items() if not k.startswith("eagle.fc.")}
+        state = {k: v for k, v in self.state_dict().items() if not k.startswith("eagle.")}
         state[EAGLE_FC_WEIGHT] = self.eagle.fc.weight
+        if self.aux_layers:
+            state[EAGLE_FC_AUX_WEIGHT] = self.eagle.fc_aux.weight
         return {k: v.detach().to(torch.bfloat16).contiguous() for k, v in state.items()}
 
     def load_own(self, state: dict[str, torch.Tensor]) -> None:
@@ -311,16 +352,27 @@ class EagleHead(torch.nn.Module):
         state = dict(state)
         if EAGLE_FC_WEIGHT in state:
             self.eagle.fc.set_weight(state.pop(EAGLE_FC_WEIGHT).float())
+        if EAGLE_FC_AUX_WEIGHT in state:
+            aux = state.pop(EAGLE_FC_AUX_WEIGHT).float()
+            if not self.aux_layers:
+                raise KeyError(f"{EAGLE_FC_AUX_WEIGHT}: a fused head, trained further only with --aux")
+            self.eagle.fc_aux.set_weight(aux)
         result = self.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
         if result.unexpected_keys:
             raise KeyError(f"not tensors of the head: {result.unexpected_keys}")
+
+
+def _aux(batch: dict) -> dict[str, torch.Tensor]:
+    """The head's ``aux`` argument where the batch carries the aux layers' outputs."""
+    return {"aux": batch["aux"]} if "aux" in batch else {}
 
 
 def losses(model: EagleHead, batch: dict, feature_weight: float, ttt_weight: float, detach: bool,
            bf16: bool) -> tuple[torch.Tensor, dict[str, float]]:
     """The weighted loss of a batch and its parts (soft CE, its KL, smooth L1; 2: the unrolled step)."""
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        g, g2 = model(batch["ids"], batch["feats"], batch["rows"], ttt=ttt_weight > 0, detach=detach)
+        g, g2 = model(batch["ids"], batch["feats"], batch["rows"], ttt=ttt_weight > 0, detach=detach,
+                      **_aux(batch))
     mask = batch["mask"]
     parts: dict[str, float] = {}
     if not mask.any():
@@ -367,7 +419,7 @@ def agreement(model: EagleHead, examples: list[dict], arrays: dict, tokens_per_b
         if not last and width * (len(group) + 1) <= tokens_per_batch:
             continue
         batch = collate(group, arrays)
-        g, g2 = model(batch["ids"], batch["feats"], batch["rows"], ttt=True)
+        g, g2 = model(batch["ids"], batch["feats"], batch["rows"], ttt=True, **_aux(batch))
         target = _take(batch["feats"][:, 1:], batch["rows"])
         for b, e in enumerate(group):
             if e["id"] not in cache:  # the target's own argmax at each row, over its whole vocabulary
@@ -397,6 +449,8 @@ def save_head(model: EagleHead, proposal_ids: list[int], out: Path, scores: dict
     config = dict(model.config)
     config["num_hidden_layers"] = 1
     config[EAGLE_CONFIG_KEY] = {"feature_size": int(config["hidden_size"]), "feature": "final_norm"}
+    if model.aux_layers:  # EAGLE-3 fusion: outputs of these target layers, RMS-normalized, through fc_aux
+        config[EAGLE_CONFIG_KEY].update(aux_layers=list(model.aux_layers), aux_norm="rms")
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     save_file(model.own_state(), str(out / EAGLE_WEIGHTS), metadata={"format": "pt"})
     os.chmod(out / EAGLE_WEIGHTS, 0o644)  # safetensors writes 0600: readable where the folder is copied
@@ -432,6 +486,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--feature-weight", type=float, default=0.5, help="weight of the smooth L1 feature loss")
     ap.add_argument("--ttt-weight", type=float, default=1.0, help="weight of the unrolled step (0: off)")
     ap.add_argument("--ttt-detach", action="store_true", help="no gradient through the unrolled step's feature")
+    ap.add_argument("--aux", action="store_true", help="EAGLE-3 fusion: also read the aux layers the features "
+                    "were recorded with (build/eagle_features.py --aux-layers)")
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--tokens-per-batch", type=int, default=8192)
     ap.add_argument("--max-len", type=int, default=768)
@@ -454,7 +510,15 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
-    train, valid, arrays = load_features(args.features or [Path("data/eagle")], args.valid_frac, args.max_len)
+    feature_dirs = args.features or [Path("data/eagle")]
+    aux_layers: tuple[int, ...] = ()
+    if args.aux:
+        chosen = {tuple(json.loads((d / AUX_LAYERS_FILE).read_text(encoding="utf-8")))
+                  if (d / AUX_LAYERS_FILE).exists() else () for d in feature_dirs}
+        if len(chosen) != 1 or () in chosen:
+            ap.error(f"--aux needs feature folders recorded with the same --aux-layers, not {sorted(chosen)}")
+        aux_layers = chosen.pop()
+    train, valid, arrays = load_features(feature_dirs, args.valid_frac, args.max_len, aux=bool(aux_layers))
     if not train:
         ap.error("no recorded features (build/eagle_features.py)")
     config = json.loads((args.target / "config.json").read_text(encoding="utf-8"))
@@ -474,7 +538,7 @@ def main(argv: list[str] | None = None) -> dict:
     sample = [arrays[ex["src"]][ex["offset"]:ex["offset"] + len(ex["ids"])] for ex in train[:200]]
     feature_rms = float(np.sqrt(np.mean(np.concatenate(sample).astype(np.float32) ** 2)))
     model = EagleHead(args.target, proposal, args.init_layer, args.fc_init, args.fc_noise, args.seed,
-                      args.init_from, args.fc_lr_scale, feature_rms)
+                      args.init_from, args.fc_lr_scale, feature_rms, aux_layers)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=args.weight_decay, betas=(0.9, 0.98))
     step, best = 0, -1.0

@@ -281,3 +281,55 @@ def test_init_from_a_trained_draft_or_head(tiny, tmp_path) -> None:
     torch.testing.assert_close(from_draft.model.norm.weight, saved["model.norm.weight"].float())
     fc = from_draft.eagle.fc.weight
     assert torch.equal(fc[:, :HIDDEN], torch.eye(HIDDEN)) and not fc[:, HIDDEN:].any()
+
+
+def test_fusion_records_lower_layers_and_starts_as_the_plain_head(tiny, tmp_path) -> None:
+    """EAGLE-3 fusion: --aux-layers records those layers' outputs beside the features; a fused head starts as the
+    head it was (fc_aux at zero), learns fc_aux, saves it, and names the layers in its config."""
+    from safetensors import safe_open
+
+    fused = tmp_path / "fused"
+    eagle_features.main(["--target", str(tiny["target"]), "--answers", str(tiny["answers"]), "--out", str(fused),
+                         "--tokens-per-batch", "256", "--shard-tokens", "400", "--aux-layers", "0",
+                         "--no-progress"])
+    assert json.loads((fused / eagle_features.AUX_LAYERS_FILE).read_text()) == [0]
+    with pytest.raises(SystemExit):  # one folder, one choice of layers
+        eagle_features.main(["--target", str(tiny["target"]), "--answers", str(tiny["answers"]), "--out",
+                             str(fused), "--no-progress"])
+    row = eagle_features.read_index(fused)[0]
+    aux = eagle_features.np.load(fused / eagle_features.AUX.format(row["shard"]))
+    assert aux.shape[1:] == (1, HIDDEN)
+    with torch.no_grad():
+        hidden = tiny["model"].model(input_ids=torch.as_tensor([row["ids"]]), output_hidden_states=True)
+    stored = torch.from_numpy(aux[row["offset"]:row["offset"] + row["length"], 0].astype("float32"))
+    torch.testing.assert_close(stored, hidden.hidden_states[1][0], atol=2e-2, rtol=1e-2)  # layer 0's output
+
+    train, _, arrays = train_eagle.load_features([fused], 0.0, 768, aux=True)
+    batch = train_eagle.collate(train[:4], arrays)
+    assert batch["aux"].shape == (*batch["ids"].shape, HIDDEN)
+    plain = _head(tiny)
+    torch.manual_seed(0)
+    head = train_eagle.EagleHead(tiny["target"], list(range(VOCAB)), 1, "feature", 0.02, seed=3, aux_layers=(0,))
+    with torch.no_grad():
+        g, g2 = head(batch["ids"], batch["feats"], batch["rows"], aux=batch["aux"])
+        want, want2 = plain(batch["ids"], batch["feats"], batch["rows"])
+    torch.testing.assert_close(g, want)
+    torch.testing.assert_close(g2, want2)
+    with pytest.raises(ValueError):
+        head(batch["ids"], batch["feats"], batch["rows"])
+
+    out = tmp_path / "run"
+    args = _train_args(tiny, out, 2)
+    args[args.index("--features") + 1] = str(fused)
+    train_eagle.main(args + ["--aux"])
+    config = json.loads((out / "last" / "config.json").read_text())
+    assert config["specdec_eagle"]["aux_layers"] == [0] and config["specdec_eagle"]["aux_norm"] == "rms"
+    with safe_open(str(out / "last" / train_eagle.EAGLE_WEIGHTS), "pt") as f:
+        assert set(f.keys()) == EXPECTED_TENSORS | {"eagle.fc_aux.weight"}
+        assert f.get_tensor("eagle.fc_aux.weight").float().abs().sum() > 0  # the fusion learnt something
+    again = train_eagle.EagleHead(tiny["target"], list(range(VOCAB)), 1, "feature", 0.0, 3, out / "last",
+                                  aux_layers=(0,))
+    with safe_open(str(out / "last" / train_eagle.EAGLE_WEIGHTS), "pt") as f:
+        torch.testing.assert_close(again.eagle.fc_aux.weight, f.get_tensor("eagle.fc_aux.weight").float())
+    with pytest.raises(SystemExit):  # --aux on features recorded without aux layers
+        train_eagle.main(_train_args(tiny, tmp_path / "bad", 1) + ["--aux"])
