@@ -93,9 +93,10 @@ def make_inprocess_backend():
     return _inprocess_backend
 
 
-def make_tiny_eagle(path: Path, target_dir: Path, seed: int) -> Path:
+def make_tiny_eagle(path: Path, target_dir: Path, seed: int, aux_layers: tuple[int, ...] = ()) -> Path:
     """A random EAGLE head for `target_dir` (specdec.checkpoint.EAGLE_CONFIG_KEY): one layer of the target's
-    shape, its own final norm, `eagle.fc` [hidden, hidden + feature], the target's embeddings (shared)."""
+    shape, its own final norm, `eagle.fc` [hidden, hidden + feature], the target's embeddings (shared). With
+    `aux_layers` (EAGLE-3 fusion), its feature is (1 + len(aux_layers)) x hidden wide."""
     import json
 
     import torch
@@ -105,16 +106,37 @@ def make_tiny_eagle(path: Path, target_dir: Path, seed: int) -> Path:
     layer = make_tiny_llama(path.parent / f".{path.name}-layer", 1, seed=seed)
     config = json.loads((target_dir / "config.json").read_text())
     hidden = int(config["hidden_size"])
-    config.update(num_hidden_layers=1, **{EAGLE_CONFIG_KEY: {"feature_size": hidden, "feature": "final_norm"}})
+    feature = hidden * (1 + len(aux_layers))
+    eagle = {"feature_size": feature, "feature": "final_norm"}
+    if aux_layers:
+        eagle["aux_layers"] = list(aux_layers)
+    config.pop("specdec_feature_layers", None)
+    config.update(num_hidden_layers=1, **{EAGLE_CONFIG_KEY: eagle})
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(config))
     state = {k: v for k, v in load_file(str(layer / "model.safetensors")).items() if k.startswith("model.layers.")}
     state["model.norm.weight"] = torch.ones(hidden)
     state["model.embed_tokens.weight"] = load_file(str(target_dir / "model.safetensors"))["model.embed_tokens.weight"]
     generator = torch.Generator().manual_seed(seed)
-    state[EAGLE_FC_WEIGHT] = torch.randn(hidden, 2 * hidden, generator=generator) * 0.2
+    state[EAGLE_FC_WEIGHT] = torch.randn(hidden, hidden + feature, generator=generator) * 0.2
     save_file({k: v.contiguous() for k, v in state.items()}, str(path / "model.safetensors"))
     return path
+
+
+@pytest.fixture(scope="session")
+def fused_eagle(tiny_pair, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(target_dir, head_dir) for EAGLE-3 fusion: tiny_pair's target emitting layers 0 and 1 beside its final
+    feature (specdec.checkpoint.FEATURE_LAYERS_KEY) and a random head reading them."""
+    import json
+    import shutil
+
+    root = tmp_path_factory.mktemp("fused_eagle")
+    target = root / "target"
+    shutil.copytree(tiny_pair[0], target)
+    config = json.loads((target / "config.json").read_text())
+    config["specdec_feature_layers"] = [1, 0]  # any order: the head reads the blocks in this order
+    (target / "config.json").write_text(json.dumps(config))
+    return target, make_tiny_eagle(root / "eagle", target, seed=4, aux_layers=(1, 0))
 
 
 @pytest.fixture(scope="session")

@@ -32,6 +32,13 @@ if TYPE_CHECKING:  # torch is imported only by what loads weights: an onnxruntim
 EAGLE_CONFIG_KEY = "specdec_eagle"
 EAGLE_FC_WEIGHT = "eagle.fc.weight"
 EAGLE_FC_BIAS = "eagle.fc.bias"
+# EAGLE-3's multi-layer fusion. A head trained on fused features (build/train_eagle.py --aux) lists the target
+# layers it reads under EAGLE_CONFIG_KEY's "aux_layers"; its feature is then [final-normed state, the output of
+# each listed decoder layer RMS-normalized without a weight], (1 + layers) x hidden wide, and its fc reads
+# [embedding, feature]. The target emits that feature when its config.json lists the same layers under
+# FEATURE_LAYERS_KEY. A drafted row has no target layer outputs: the head's own output, zero-padded.
+FEATURE_LAYERS_KEY = "specdec_feature_layers"
+EAGLE_AUX_LAYERS = "aux_layers"
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,8 @@ class ModelSpec:
     qk_norm: bool = False
     sliding_window: int | None = None
     eagle_feature_size: int = 0  # > 0: an EAGLE draft head reading the target's features (EAGLE_CONFIG_KEY)
+    eagle_aux_layers: tuple[int, ...] = ()  # an EAGLE head: the target layers its feature fuses
+    feature_layers: tuple[int, ...] = ()  # a target: decoder layers whose outputs its features add (fusion)
 
     @classmethod
     def from_config(cls, cfg: dict) -> ModelSpec:
@@ -90,8 +99,16 @@ class ModelSpec:
             pad_token_id=cfg.get("pad_token_id"),
             rope_parameters=rope,
             eagle_feature_size=int((cfg.get(EAGLE_CONFIG_KEY) or {}).get("feature_size", 0)),
+            eagle_aux_layers=tuple(int(i) for i in (cfg.get(EAGLE_CONFIG_KEY) or {}).get(EAGLE_AUX_LAYERS, ())),
+            feature_layers=_feature_layers(cfg),
             **asdict(traits),
         )
+
+    @property
+    def feature_width(self) -> int:
+        """Width of the features this model returns as a target: the final-normed state, then one block per
+        fused layer."""
+        return self.hidden_size * (1 + len(self.feature_layers))
 
     @property
     def is_eagle(self) -> bool:
@@ -119,6 +136,15 @@ def read_spec(model_dir: str | Path) -> ModelSpec:
     """The spec of a checkpoint folder; raises UnsupportedCheckpoint (a ValueError) naming the config field of
     anything the runtimes cannot serve."""
     return ModelSpec.from_config(json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8")))
+
+
+def _feature_layers(cfg: dict) -> tuple[int, ...]:
+    layers = tuple(int(i) for i in cfg.get(FEATURE_LAYERS_KEY) or ())
+    last = int(cfg["num_hidden_layers"]) - 1
+    if any(not 0 <= i < last for i in layers) or len(set(layers)) != len(layers):
+        raise UnsupportedCheckpoint(FEATURE_LAYERS_KEY, list(layers), f"must be distinct decoder layers 0..{last - 1} "
+                                    "(the last one's output is the final feature)")
+    return layers
 
 
 def _token_ids(value: int | list[int] | None) -> tuple[int, ...]:

@@ -223,6 +223,12 @@ class DraftEngine(_Engine):
     Over an EAGLE head (runtime.feature_size > 0) every input token comes with its feature (the target's, from
     verification); each drafted token's row is fed the head's own output feature at its parent's row."""
 
+    def _drafted_features(self, outputs: np.ndarray) -> np.ndarray:
+        """The features of drafted rows: the head's own outputs, zero-padded where its feature fuses target
+        layers (specdec.checkpoint.FEATURE_LAYERS_KEY) that a drafted token has no outputs of."""
+        missing = self.runtime.feature_size - outputs.shape[-1]
+        return np.pad(outputs, ((0, 0), (0, missing))) if missing > 0 else outputs
+
     def _features(self, request: StepRequest) -> np.ndarray | None:
         size = self.runtime.feature_size
         if not size:
@@ -276,7 +282,8 @@ class DraftEngine(_Engine):
                 new = growth.choose(logits, count)
                 growth.tokens.extend(new)
                 if output.hidden is not None:  # EAGLE: a new token's feature is its parent row's output
-                    growth.features = np.repeat(output.hidden[-1:], count, axis=0) if first_level else output.hidden
+                    drafted = self._drafted_features(output.hidden)
+                    growth.features = np.repeat(drafted[-1:], count, axis=0) if first_level else drafted
                 if growth.request.want_logits:
                     growth.logits.extend([logits[-1]] * count if first_level else list(logits))
                 if growth.depth < growth.request.num_draft_tokens:

@@ -202,3 +202,68 @@ def test_exported_graphs_match_torch_with_features(tiny_pair, tiny_eagle, tmp_pa
     # Tree nodes hanging after the prefix, each with its parent's feature.
     assert_same(head, [ForwardItem(0, n, np.asarray([7, 8, 9]), num_logits=3, num_hidden=3,
                                    tree_parents=np.asarray([-1, -1, 0]), features=features[:3])])
+
+
+def test_a_fusing_target_returns_its_layers_outputs_beside_the_final_feature(fused_eagle):
+    """EAGLE-3 fusion: [final-normed state, RMS-normalized outputs of the listed layers in their order]."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    target, _ = fused_eagle
+    runtime = TorchLlamaRuntime(target, num_slots=1, max_length=MAX_LENGTH)
+    assert runtime.spec.feature_layers == (1, 0) and runtime.spec.feature_width == 3 * runtime.spec.hidden_size
+    out = runtime.forward_outputs([ForwardItem(0, 0, np.asarray(PROMPT), num_hidden=len(PROMPT))])[0]
+    with torch.no_grad():
+        hf = LlamaForCausalLM.from_pretrained(str(target)).eval()
+        states = hf.model(input_ids=torch.as_tensor([PROMPT]), output_hidden_states=True).hidden_states
+    unit = lambda x: x / x.pow(2).mean(-1, keepdim=True).add(runtime.spec.rms_norm_eps).sqrt()  # noqa: E731
+    want = torch.cat([states[-1][0], unit(states[2][0]), unit(states[1][0])], dim=-1).numpy()
+    np.testing.assert_allclose(out.hidden, want, atol=1e-4)
+
+
+def test_greedy_with_a_fused_head_equals_plain_decoding(tiny_pair, fused_eagle):
+    """The head reads the target's fused features and, on drafted rows, its own output zero-padded."""
+    pair = (fused_eagle[0], tiny_pair[1])
+    plain, _ = generate(backend(pair, fused_eagle[1]), "model", 0)
+    for k, candidates in ((3, 1), (2, 3)):
+        got, stats = generate(backend(pair, fused_eagle[1]), "eagle", k, candidates, prefill_chunk=5)
+        assert got == plain and stats.draft_failures == 0 and stats.draft_calls > 0
+
+
+def test_a_head_fed_the_wrong_feature_width_refuses_with_a_clear_error(tiny_pair, fused_eagle):
+    """A fused head behind a target that does not emit its layers: every request degrades to plain decoding."""
+    plain, _ = generate(backend(tiny_pair, fused_eagle[1]), "model", 0)
+    got, stats = generate(backend(tiny_pair, fused_eagle[1]), "eagle", 3)
+    assert got == plain and stats.draft_failures > 0
+
+
+def test_feature_layers_must_be_distinct_inner_layers(tiny_pair):
+    import json
+
+    from specdec.checkpoint import ModelSpec, UnsupportedCheckpoint
+
+    config = json.loads((tiny_pair[0] / "config.json").read_text())
+    for layers in ([2], [0, 0], [-1]):
+        with pytest.raises(UnsupportedCheckpoint, match="specdec_feature_layers"):
+            ModelSpec.from_config({**config, "specdec_feature_layers": layers})
+
+
+def test_exported_graphs_match_torch_with_fused_features(fused_eagle, tmp_path):
+    from specdec.runtime.onnx_llama import OnnxLlamaRuntime
+    from specdec.runtime.step_graph import export_decoder
+
+    outputs = []
+    for folder, items in ((fused_eagle[0], [ForwardItem(0, 0, np.asarray(PROMPT), num_logits=2,
+                                                       num_hidden=len(PROMPT))]), (fused_eagle[1], None)):
+        if items is None:
+            features = outputs[0].hidden
+            items = [ForwardItem(0, 0, np.asarray(PROMPT[1:]), num_logits=3, num_hidden=3,
+                                 features=features[:len(PROMPT) - 1])]
+        onnx_path = export_decoder(folder, tmp_path / f"{folder.name}.onnx")
+        expected = TorchLlamaRuntime(folder, num_slots=1, max_length=MAX_LENGTH).forward_outputs(items)[0]
+        onnx_runtime = OnnxLlamaRuntime(folder, num_slots=1, max_length=MAX_LENGTH, onnx_path=onnx_path)
+        got = onnx_runtime.forward_outputs(items)[0]
+        np.testing.assert_allclose(got.logits, expected.logits, atol=1e-4)
+        np.testing.assert_allclose(got.hidden, expected.hidden, atol=1e-4)
+        outputs.append(expected)
+    assert outputs[0].hidden.shape[1] == 3 * outputs[1].hidden.shape[1]

@@ -14,8 +14,10 @@ outputs
     logits          fp32  [num_logits, vocab]
     new_keys        dtype [layers, batch, kv_heads, new_tokens, head_dim]  KV of the new tokens only
     new_values      dtype [layers, batch, kv_heads, new_tokens, head_dim]
-    hidden_states   fp32  [batch*new_tokens, hidden]               final-normed hidden state of every row
-                                                                  (an EAGLE head's features)
+    hidden_states   fp32  [batch*new_tokens, feature_width]        final-normed hidden state of every row
+                                                                  (an EAGLE head's features), then the
+                                                                  RMS-normalized outputs of the config's
+                                                                  feature layers (EAGLE-3 fusion)
 
 Why "past in, new KV out" and not an in-place cache: the slotted cache stays with the runtime (numpy /
 torch CPU for onnxruntime, torch CUDA for TensorRT), so the graph is stateless and any slot, rollback by
@@ -99,7 +101,7 @@ class LlamaStepGraph(torch.nn.Module):
         if self.eagle_fc is not None:
             hidden = F.linear(torch.cat([hidden, _cast(features, self.dtype)], dim=-1), self.eagle_fc,
                               self.eagle_fc_bias)
-        new_keys, new_values = [], []
+        new_keys, new_values, layer_outputs = [], [], {}
         for i in range(self.num_layers):
             layer = lambda key, i=i: getattr(self, f"l{i}_{key}")  # noqa: E731
             x = _rms_norm(hidden, layer("attn_norm"), s.rms_norm_eps)
@@ -128,11 +130,19 @@ class LlamaStepGraph(torch.nn.Module):
             x = _rms_norm(hidden, layer("mlp_norm"), s.rms_norm_eps)
             gate, up = F.linear(x, layer("gate_up"), layer("gate_up_bias")).chunk(2, dim=-1)
             hidden = hidden + F.linear(F.silu(gate) * up, layer("down"), layer("down_bias"))
+            if i in s.feature_layers:
+                layer_outputs[i] = hidden
         normed = _rms_norm(hidden.reshape(batch * width, s.hidden_size), self.final_norm, s.rms_norm_eps)
+        features = _cast(normed, torch.float32)
+        if s.feature_layers:  # EAGLE-3 fusion: the fused layers' outputs at unit RMS (specdec.checkpoint)
+            blocks = [_cast(layer_outputs[i].reshape(batch * width, s.hidden_size), torch.float32)
+                      for i in s.feature_layers]
+            features = torch.cat([features, *[b * torch.rsqrt(b.pow(2).mean(-1, keepdim=True) + s.rms_norm_eps)
+                                              for b in blocks]], dim=-1)
         logits = _cast(F.linear(normed.index_select(0, logit_rows), self.lm_head), torch.float32)
         if self.logit_gather is not None:
             logits = expand_logits(logits, self.logit_gather)
-        return logits, torch.stack(new_keys), torch.stack(new_values), _cast(normed, torch.float32)
+        return logits, torch.stack(new_keys), torch.stack(new_values), features
 
 
 def example_inputs(spec: ModelSpec, dtype: torch.dtype, batch: int = 2, width: int = 3,

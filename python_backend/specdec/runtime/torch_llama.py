@@ -99,6 +99,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x.float() * torch.rsqrt(variance + eps)).to(x.dtype)
 
 
+def unit_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x scaled to RMS 1 over its last axis, in fp32 (a fused layer's block of an EAGLE feature)."""
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -177,7 +183,9 @@ class TorchLlamaRuntime(DecoderRuntime):
         if w.eagle_fc is not None:
             features = torch.as_tensor(plan.features, device=self.device).to(self.dtype)
             hidden = F.linear(torch.cat([hidden, features], dim=-1), w.eagle_fc, w.eagle_fc_bias)
-        for lw, k_cache, v_cache in zip(w.layers, self.k_cache, self.v_cache, strict=True):
+        fused = s.feature_layers if len(plan.hidden_rows) else ()
+        layer_outputs = []  # the fused layers' outputs, in FEATURE_LAYERS order (specdec.checkpoint)
+        for index, (lw, k_cache, v_cache) in enumerate(zip(w.layers, self.k_cache, self.v_cache, strict=True)):
             x = rms_norm(hidden, lw["attn_norm"], s.rms_norm_eps)
             q, k, v = F.linear(x, lw["qkv"], lw["qkv_bias"]).split([q_size, kv_size, kv_size], dim=-1)
             q = q.view(batch, width, s.num_heads, s.head_dim)
@@ -205,6 +213,8 @@ class TorchLlamaRuntime(DecoderRuntime):
             x = rms_norm(hidden, lw["mlp_norm"], s.rms_norm_eps)
             gate, up = F.linear(x, lw["gate_up"], lw["gate_up_bias"]).chunk(2, dim=-1)
             hidden = hidden + F.linear(F.silu(gate) * up, lw["down"], lw["down_bias"])
+            if index in fused:
+                layer_outputs.append((fused.index(index), hidden))
         # Logits only where asked: the last num_logits valid positions of each item.
         flat = hidden.reshape(batch * width, -1)
         rows = torch.as_tensor(plan.logit_rows, dtype=torch.long, device=self.device)
@@ -215,7 +225,10 @@ class TorchLlamaRuntime(DecoderRuntime):
         hidden_all = None
         if len(plan.hidden_rows):  # the features of the rows asked for, scattered back into [B * W] rows
             hidden_rows = torch.as_tensor(plan.hidden_rows, dtype=torch.long, device=self.device)
-            normed = rms_norm(flat[hidden_rows], w.final_norm, s.rms_norm_eps).float().cpu().numpy()
+            blocks = [rms_norm(flat[hidden_rows], w.final_norm, s.rms_norm_eps).float()]
+            blocks += [unit_rms(out.reshape(batch * width, -1)[hidden_rows], s.rms_norm_eps)
+                       for _, out in sorted(layer_outputs, key=lambda pair: pair[0])]
+            normed = torch.cat(blocks, dim=-1).cpu().numpy()
             hidden_all = np.zeros((batch * width, normed.shape[1]), dtype=np.float32)
             hidden_all[plan.hidden_rows] = normed
         return plan.outputs(logits.cpu().numpy(), hidden_all)
