@@ -63,12 +63,12 @@ from train import cpu_has_native_bf16  # noqa: E402
 from train_draft import EMBED_KEY, _held_out, batches, choose_proposal_vocab  # noqa: E402
 
 try:
-    from specdec.checkpoint import EAGLE_CONFIG_KEY, EAGLE_FC_WEIGHT  # noqa: E402
+    from specdec.checkpoint import EAGLE_AUX_LAYERS, EAGLE_CONFIG_KEY, EAGLE_FC_WEIGHT  # noqa: E402
 except ImportError:  # the runtime side not there yet: the same names
-    EAGLE_CONFIG_KEY, EAGLE_FC_WEIGHT = "specdec_eagle", "eagle.fc.weight"
+    EAGLE_CONFIG_KEY, EAGLE_FC_WEIGHT, EAGLE_AUX_LAYERS = "specdec_eagle", "eagle.fc.weight", "aux_layers"
 
 EAGLE_WEIGHTS = "eagle_layers.safetensors"
-EAGLE_FC_AUX_WEIGHT = "eagle.fc_aux.weight"
+EAGLE_FC_AUX_WEIGHT = "eagle.fc_aux.weight"  # read from heads saved before the servable form (one wider fc)
 AGREEMENT_FILE = "agreement.json"
 LAYER_KEYS = ("input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
               "self_attn.v_proj.weight", "self_attn.o_proj.weight", "post_attention_layernorm.weight",
@@ -340,22 +340,29 @@ class EagleHead(torch.nn.Module):
         return g @ self.head.to(g.dtype).T
 
     def own_state(self) -> dict[str, torch.Tensor]:
-        """What the head commits, in bf16 under Hugging Face names: the layer, the norm, eagle.fc.weight."""
+        """What the head commits, in bf16 under Hugging Face names: the layer, the norm, eagle.fc.weight. A fused
+        head's fc is fc and fc_aux side by side, over [embedding, feature, normalized aux layers]: the servable
+        form (specdec.checkpoint.FEATURE_LAYERS_KEY), the plain head's graph with a wider input."""
         state = {k: v for k, v in self.state_dict().items() if not k.startswith("eagle.")}
         state[EAGLE_FC_WEIGHT] = self.eagle.fc.weight
         if self.aux_layers:
-            state[EAGLE_FC_AUX_WEIGHT] = self.eagle.fc_aux.weight
+            state[EAGLE_FC_WEIGHT] = torch.cat([self.eagle.fc.weight, self.eagle.fc_aux.weight], dim=1)
         return {k: v.detach().to(torch.bfloat16).contiguous() for k, v in state.items()}
 
     def load_own(self, state: dict[str, torch.Tensor]) -> None:
         """Load tensors named as ``own_state`` names them (eagle.fc.weight optional: a draft has none)."""
         state = dict(state)
         if EAGLE_FC_WEIGHT in state:
-            self.eagle.fc.set_weight(state.pop(EAGLE_FC_WEIGHT).float())
+            fc = state.pop(EAGLE_FC_WEIGHT).float()
+            plain = self.eagle.fc.raw.shape[1]
+            if fc.shape[1] > plain:  # the servable form of a fused head: fc, then fc_aux
+                state[EAGLE_FC_AUX_WEIGHT], fc = fc[:, plain:], fc[:, :plain]
+            self.eagle.fc.set_weight(fc)
         if EAGLE_FC_AUX_WEIGHT in state:
             aux = state.pop(EAGLE_FC_AUX_WEIGHT).float()
-            if not self.aux_layers:
-                raise KeyError(f"{EAGLE_FC_AUX_WEIGHT}: a fused head, trained further only with --aux")
+            if not self.aux_layers or aux.shape != self.eagle.fc_aux.raw.shape:
+                raise KeyError(f"{EAGLE_FC_AUX_WEIGHT} {list(aux.shape)}: a fused head of other aux layers "
+                               "(trained further only with --aux on features of the same layers)")
             self.eagle.fc_aux.set_weight(aux)
         result = self.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
         if result.unexpected_keys:
@@ -448,9 +455,10 @@ def save_head(model: EagleHead, proposal_ids: list[int], out: Path, scores: dict
     out.mkdir(parents=True, exist_ok=True)
     config = dict(model.config)
     config["num_hidden_layers"] = 1
-    config[EAGLE_CONFIG_KEY] = {"feature_size": int(config["hidden_size"]), "feature": "final_norm"}
-    if model.aux_layers:  # EAGLE-3 fusion: outputs of these target layers, RMS-normalized, through fc_aux
-        config[EAGLE_CONFIG_KEY].update(aux_layers=list(model.aux_layers), aux_norm="rms")
+    hidden = int(config["hidden_size"])
+    config[EAGLE_CONFIG_KEY] = {"feature_size": hidden * (1 + len(model.aux_layers)), "feature": "final_norm"}
+    if model.aux_layers:  # EAGLE-3 fusion: the target must list the same layers (FEATURE_LAYERS_KEY)
+        config[EAGLE_CONFIG_KEY][EAGLE_AUX_LAYERS] = list(model.aux_layers)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     save_file(model.own_state(), str(out / EAGLE_WEIGHTS), metadata={"format": "pt"})
     os.chmod(out / EAGLE_WEIGHTS, 0o644)  # safetensors writes 0600: readable where the folder is copied

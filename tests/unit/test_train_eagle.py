@@ -323,13 +323,19 @@ def test_fusion_records_lower_layers_and_starts_as_the_plain_head(tiny, tmp_path
     args[args.index("--features") + 1] = str(fused)
     train_eagle.main(args + ["--aux"])
     config = json.loads((out / "last" / "config.json").read_text())
-    assert config["specdec_eagle"]["aux_layers"] == [0] and config["specdec_eagle"]["aux_norm"] == "rms"
+    # The servable form: one fc over [embedding, feature, aux layer], a feature two hidden sizes wide.
+    assert config["specdec_eagle"] == {"feature_size": 2 * HIDDEN, "feature": "final_norm", "aux_layers": [0]}
     with safe_open(str(out / "last" / train_eagle.EAGLE_WEIGHTS), "pt") as f:
-        assert set(f.keys()) == EXPECTED_TENSORS | {"eagle.fc_aux.weight"}
-        assert f.get_tensor("eagle.fc_aux.weight").float().abs().sum() > 0  # the fusion learnt something
+        assert set(f.keys()) == EXPECTED_TENSORS
+        fc = f.get_tensor("eagle.fc.weight").float()
+    assert list(fc.shape) == [HIDDEN, 3 * HIDDEN] and fc[:, 2 * HIDDEN:].abs().sum() > 0  # the fusion learnt
     again = train_eagle.EagleHead(tiny["target"], list(range(VOCAB)), 1, "feature", 0.0, 3, out / "last",
                                   aux_layers=(0,))
-    with safe_open(str(out / "last" / train_eagle.EAGLE_WEIGHTS), "pt") as f:
-        torch.testing.assert_close(again.eagle.fc_aux.weight, f.get_tensor("eagle.fc_aux.weight").float())
+    torch.testing.assert_close(again.eagle.fc_aux.weight, fc[:, 2 * HIDDEN:])
+    torch.testing.assert_close(again.eagle.fc.weight, fc[:, :2 * HIDDEN])
+    from specdec.checkpoint import read_spec
+
+    spec = read_spec(out / "last")
+    assert spec.eagle_feature_size == 2 * HIDDEN and spec.eagle_aux_layers == (0,)
     with pytest.raises(SystemExit):  # --aux on features recorded without aux layers
         train_eagle.main(_train_args(tiny, tmp_path / "bad", 1) + ["--aux"])
