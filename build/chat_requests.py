@@ -14,7 +14,9 @@ from) into requests; ``build/target_answers.py`` then has the target answer them
 - ``raw``: the opening of a training document of any domain, as a plain continuation prompt.
 
 Output: one JSON object a line, ``{"id", "domain", "kind", "messages" | "prompt"}``, deterministic for a
-seed. Usage: ``python build/chat_requests.py --corpora data/corpora --out data/chat/requests.jsonl``
+seed. ``--exclude FILE`` drops the requests that are also in FILE (a set built with another seed, e.g. one a
+head was already trained on: about 13% of two seeds' requests coincide); the others keep their ids.
+Usage: ``python build/chat_requests.py --corpora data/corpora --out data/chat/requests.jsonl``
 """
 
 from __future__ import annotations
@@ -191,6 +193,11 @@ def build(corpora: Path, counts: dict[str, int], seed: int) -> list[Request]:
     return [{"id": f"req-{i:06d}", **req} for i, req in enumerate(unique)]
 
 
+def request_text(request: Request) -> str:
+    """What a request asks, as a key: its messages or its raw prompt."""
+    return json.dumps(request.get("messages") or request.get("prompt"), sort_keys=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Command line entry point."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -198,9 +205,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=Path("data/chat/requests.jsonl"))
     ap.add_argument("--counts", default="code=3000,json=3000,prose=3000,raw=3000")
     ap.add_argument("--seed", type=int, default=2026)
+    ap.add_argument("--exclude", type=Path, action="append", default=[],
+                    help="requests JSONL whose requests are left out (repeatable)")
     args = ap.parse_args(argv)
     counts = {k: int(v) for k, v in (part.split("=") for part in args.counts.split(","))}
     requests = build(args.corpora, counts, args.seed)
+    seen = {request_text(req) for path in args.exclude for req in read_jsonl(path)}
+    requests = [req for req in requests if request_text(req) not in seen]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w", encoding="utf-8") as f:
         for req in requests:

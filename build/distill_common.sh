@@ -7,8 +7,10 @@ prepare_requests() {
         $sudo apt-get install -y -qq sword-text-web libsword-utils fortunes dict-devil python3.11-doc
     fi
     [ -f data/corpora/manifest.json ] || "$PY" build/corpora.py --out data/corpora
+    local exclude=()  # REQUEST_EXCLUDE: a requests file whose requests are left out (another seed's)
+    [ -n "${REQUEST_EXCLUDE:-}" ] && exclude=(--exclude "$REQUEST_EXCLUDE")
     [ -f "$DATA/requests.jsonl" ] || "$PY" build/chat_requests.py --corpora data/corpora \
-        --out "$DATA/requests.jsonl" --seed 2026
+        --out "$DATA/requests.jsonl" --seed "${REQUEST_SEED:-2026}" "${exclude[@]}"
 }
 
 # Start the target answering the requests in two background shards (one core each); their pids go to ANSWER_PIDS.

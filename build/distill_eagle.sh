@@ -15,6 +15,13 @@
 #      bash build/distill_eagle.sh                                         # stage 1: 70 min of answers, 300 steps
 #      ANSWER_MINUTES=56 TEXT_PER_DOMAIN=200 FEATURES=data/eagle2 RUN=runs/eagle2 INIT_FROM=runs/eagle/best \
 #          STEPS=400 WARMUP=20 SEED=4321 bash build/distill_eagle.sh        # stage 2: more answers, from stage 1
+#      ANSWER_MINUTES=33 DATA=data/chat3 REQUEST_SEED=2027 REQUEST_EXCLUDE=data/chat/requests.jsonl \
+#          TEXT_PER_DOMAIN=100 FEATURE_SEED=13 AUX_LAYERS=2,15,26 FEATURES=data/eagle3 RUN=runs/eagle3 \
+#          INIT_FROM=runs/eagle2/best STEPS=200 WARMUP=20 SEED=777 VALID_FRAC=0.1 EVAL_EXAMPLES=0 THREADS=1 \
+#          bash build/distill_eagle.sh                                      # stage 3: new requests, EAGLE-3 fusion
+#
+# AUX_LAYERS (EAGLE-3 fusion): record those target layers' outputs too and train the head to read them; setup
+# then lists them in the target's config.json (build/default_model.py), so run `make onnx-exports` after.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,6 +37,11 @@ INIT_FROM=${INIT_FROM:-model_repository/draft_model/1}
 WARMUP=${WARMUP:-30}
 SEED=${SEED:-1234}
 INSTALL=${INSTALL:-1}
+AUX_LAYERS=${AUX_LAYERS:-}             # e.g. 2,15,26: EAGLE-3 fusion (empty: the final feature only)
+FEATURE_SEED=${FEATURE_SEED:-11}       # which text windows are recorded
+VALID_FRAC=${VALID_FRAC:-0.04}
+EVAL_EXAMPLES=${EVAL_EXAMPLES:-160}
+THREADS=${THREADS:-2}
 
 source build/distill_common.sh
 prepare_requests
@@ -46,21 +58,25 @@ for file in "$DATA"/answers*.jsonl; do
 done
 mkdir -p "$FEATURES"
 echo "[eagle] recording the target's features -> $FEATURES"
+fusion=()
+[ -n "$AUX_LAYERS" ] && fusion=(--aux-layers "$AUX_LAYERS")
 "$PY" build/eagle_features.py --target "$TARGET" "${answers[@]}" --text-per-domain "$TEXT_PER_DOMAIN" \
-    --out "$FEATURES" --threads 2 --seed 11 > "$FEATURES/features.log" 2>&1
+    --out "$FEATURES" --threads 2 --seed "$FEATURE_SEED" "${fusion[@]}" > "$FEATURES/features.log" 2>&1
 
-resume=()
+extra=()  # --resume after a stop; --aux for a fused head
 vocab=()  # a head trained further keeps its proposal vocabulary; from the draft, one is chosen from the answers
 [ -f "$INIT_FROM/eagle_layers.safetensors" ] && vocab=(--proposal-vocab-file "$INIT_FROM/proposal_vocab.json")
-[ -f "$RUN/state.pt" ] && resume=(--resume)
+[ -f "$RUN/state.pt" ] && extra=(--resume)
+[ -n "$AUX_LAYERS" ] && extra+=(--aux)
 echo "[eagle] training $STEPS steps -> $RUN (log $RUN.log)"
 "$PY" build/train_eagle.py --target "$TARGET" --features "$FEATURES" --out "$RUN" \
     --init-from "$INIT_FROM" "${vocab[@]}" --fc-init embedding \
     --fc-lr-scale 1.0 --lr 3e-4 --warmup "$WARMUP" --steps "$STEPS" --tokens-per-batch 8192 --eval-every 50 \
-    --ckpt-every 50 --threads 2 --seed "$SEED" --no-progress "${resume[@]}" 2> "$RUN.log"
+    --ckpt-every 50 --threads "$THREADS" --seed "$SEED" --valid-frac "$VALID_FRAC" --eval-examples "$EVAL_EXAMPLES" \
+    --no-progress "${extra[@]}" 2> "$RUN.log"
 if [ "$INSTALL" = 1 ]; then
     cp "$RUN/best/config.json" "$RUN/best/eagle_layers.safetensors" "$RUN/best/proposal_vocab.json" \
         model_repository/eagle_draft/1/
     "$PY" build/default_model.py
-    echo "[eagle] installed $RUN/best ($(cat "$RUN/best/agreement.json"))"
+    echo "[eagle] installed $RUN/best ($(cat "$RUN/best/agreement.json")); now: make onnx-exports"
 fi

@@ -1,11 +1,10 @@
 """What an EAGLE head's call costs against a target step, in the CPU runtime the server uses (onnxruntime, one
 thread each, interleaved in one process): c of one drafted token, for heads with and without EAGLE-3 fusion.
 
-A head is a folder of ``build/train_eagle.py`` (``best/`` or ``last/``). A fused head (``--aux``) is measured in
-the form it would be served in: one ``eagle.fc`` over [token embedding, feature, normalized aux layers] (its
-``fc`` and ``fc_aux`` side by side) and a feature ``(1 + layers) x hidden`` wide, so the head's graph is the
-plain head's with a wider input. Each head is completed with the installed head's shared files (embeddings,
-tokenizer) and exported to ONNX in a scratch folder. Usage::
+A head is a folder of ``build/train_eagle.py`` (``best/`` or ``last/``); a fused head (``--aux``) is saved as
+it is served: one ``eagle.fc`` over [token embedding, feature, normalized aux layers] and a feature ``(1 +
+layers) x hidden`` wide, the plain head's graph with a wider input. Each head is completed with the installed
+head's shared files (embeddings, tokenizer) and exported to ONNX in a scratch folder. Usage::
 
     python build/measure_head_cost.py runs/s3_control/best runs/s3_fused/best --iterations 300
 """
@@ -26,31 +25,18 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python_backend"))
 
-from specdec.checkpoint import EAGLE_CONFIG_KEY, EAGLE_FC_WEIGHT  # noqa: E402
 from specdec.runtime.base import ForwardItem  # noqa: E402
 from specdec.runtime.onnx_llama import OnnxLlamaRuntime  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-EAGLE_WEIGHTS = "eagle_layers.safetensors"
-FC_AUX_WEIGHT = "eagle.fc_aux.weight"
+HEAD_FILES = ("config.json", "eagle_layers.safetensors", "proposal_vocab.json")
 
 
 def servable(run: Path, shared: Path, out: Path) -> Path:
-    """``run``'s head completed with ``shared``'s files, fused fc concatenated, exported to ONNX in ``out``."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
+    """``run``'s head completed with ``shared``'s files and exported to ONNX in ``out``."""
     shutil.copytree(shared, out, ignore=shutil.ignore_patterns("onnx", "model.py", "__pycache__"))
-    state = load_file(str(run / EAGLE_WEIGHTS))
-    config = json.loads((run / "config.json").read_text(encoding="utf-8"))
-    aux = state.pop(FC_AUX_WEIGHT, None)
-    if aux is not None:
-        layers = config[EAGLE_CONFIG_KEY]["aux_layers"]
-        state[EAGLE_FC_WEIGHT] = torch.cat([state[EAGLE_FC_WEIGHT], aux], dim=1)
-        config[EAGLE_CONFIG_KEY] = {"feature_size": int(config["hidden_size"]) * (1 + len(layers)),
-                                    "feature": "final_norm"}
-    save_file(state, str(out / EAGLE_WEIGHTS), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    for name in HEAD_FILES:
+        shutil.copy(run / name, out / name)
     subprocess.run([sys.executable, str(ROOT / "build/export_onnx.py"), "--checkpoint", str(out), "--out",
                     str(out / "onnx/decoder.onnx")], check=True)
     return out
