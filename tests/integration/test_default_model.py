@@ -176,4 +176,8 @@ def test_eagle_head_is_trained_for_this_target() -> None:
     target = json.loads((TARGET_DIR / "config.json").read_text())
     head = json.loads((EAGLE_DIR / "config.json").read_text())
     assert head["vocab_size"] == target["vocab_size"] and head["hidden_size"] == target["hidden_size"]
-    assert head["num_hidden_layers"] == 1 and head["specdec_eagle"]["feature_size"] == target["hidden_size"]
+    # Its feature: the target's final one and the layers it fuses (EAGLE-3), which the target returns (setup).
+    fused = head["specdec_eagle"].get("aux_layers", [])
+    assert target.get("specdec_feature_layers", []) == fused
+    assert head["num_hidden_layers"] == 1 and head["specdec_eagle"]["feature_size"] == target["hidden_size"] * (
+        1 + len(fused))
