@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python_backend"))
 
 from eagle_features import AUX, AUX_LAYERS_FILE, FEATURES, read_index  # noqa: E402
 from specdec.checkpoint import PROPOSAL_VOCAB_FILE, load_state_dict  # noqa: E402
-from specdec.runtime.torch_llama import rms_norm, rotate_half  # noqa: E402
+from specdec.runtime.torch_llama import rms_norm, rotate_half, unit_rms  # noqa: E402
 from train import cpu_has_native_bf16  # noqa: E402
 from train_draft import EMBED_KEY, _held_out, batches, choose_proposal_vocab  # noqa: E402
 
@@ -296,8 +296,7 @@ class EagleHead(torch.nn.Module):
 
     def fused(self, aux: torch.Tensor) -> torch.Tensor:
         """fc_aux's term of true rows from their aux layers' outputs [B, R, layers * H]."""
-        blocks = aux.view(*aux.shape[:2], len(self.aux_layers), -1)
-        blocks = blocks * torch.rsqrt(blocks.pow(2).mean(-1, keepdim=True) + self.eps)
+        blocks = unit_rms(aux.view(*aux.shape[:2], len(self.aux_layers), -1), self.eps)  # as the target does
         return self.eagle.fc_aux(blocks.flatten(2)).float()
 
     def forward(self, ids: torch.Tensor, feats: torch.Tensor, rows: torch.Tensor, ttt: bool = True,

@@ -184,7 +184,7 @@ class TorchLlamaRuntime(DecoderRuntime):
             features = torch.as_tensor(plan.features, device=self.device).to(self.dtype)
             hidden = F.linear(torch.cat([hidden, features], dim=-1), w.eagle_fc, w.eagle_fc_bias)
         fused = s.feature_layers if len(plan.hidden_rows) else ()
-        layer_outputs = []  # the fused layers' outputs, in FEATURE_LAYERS order (specdec.checkpoint)
+        layer_outputs = {}  # the fused layers' outputs (specdec.checkpoint.FEATURE_LAYERS_KEY)
         for index, (lw, k_cache, v_cache) in enumerate(zip(w.layers, self.k_cache, self.v_cache, strict=True)):
             x = rms_norm(hidden, lw["attn_norm"], s.rms_norm_eps)
             q, k, v = F.linear(x, lw["qkv"], lw["qkv_bias"]).split([q_size, kv_size, kv_size], dim=-1)
@@ -214,7 +214,7 @@ class TorchLlamaRuntime(DecoderRuntime):
             gate, up = F.linear(x, lw["gate_up"], lw["gate_up_bias"]).chunk(2, dim=-1)
             hidden = hidden + F.linear(F.silu(gate) * up, lw["down"], lw["down_bias"])
             if index in fused:
-                layer_outputs.append((fused.index(index), hidden))
+                layer_outputs[index] = hidden
         # Logits only where asked: the last num_logits valid positions of each item.
         flat = hidden.reshape(batch * width, -1)
         rows = torch.as_tensor(plan.logit_rows, dtype=torch.long, device=self.device)
@@ -226,8 +226,8 @@ class TorchLlamaRuntime(DecoderRuntime):
         if len(plan.hidden_rows):  # the features of the rows asked for, scattered back into [B * W] rows
             hidden_rows = torch.as_tensor(plan.hidden_rows, dtype=torch.long, device=self.device)
             blocks = [rms_norm(flat[hidden_rows], w.final_norm, s.rms_norm_eps).float()]
-            blocks += [unit_rms(out.reshape(batch * width, -1)[hidden_rows], s.rms_norm_eps)
-                       for _, out in sorted(layer_outputs, key=lambda pair: pair[0])]
+            blocks += [unit_rms(layer_outputs[i].reshape(batch * width, -1)[hidden_rows], s.rms_norm_eps)
+                       for i in fused]
             normed = torch.cat(blocks, dim=-1).cpu().numpy()
             hidden_all = np.zeros((batch * width, normed.shape[1]), dtype=np.float32)
             hidden_all[plan.hidden_rows] = normed
