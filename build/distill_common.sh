@@ -7,8 +7,10 @@ prepare_requests() {
         $sudo apt-get install -y -qq sword-text-web libsword-utils fortunes dict-devil python3.11-doc
     fi
     [ -f data/corpora/manifest.json ] || "$PY" build/corpora.py --out data/corpora
-    local exclude=()  # REQUEST_EXCLUDE: a requests file whose requests are left out (another seed's)
-    [ -n "${REQUEST_EXCLUDE:-}" ] && exclude=(--exclude "$REQUEST_EXCLUDE")
+    local exclude=() file  # REQUEST_EXCLUDE: requests files (space-separated) whose requests are left out
+    for file in ${REQUEST_EXCLUDE:-}; do
+        exclude+=(--exclude "$file")
+    done
     [ -f "$DATA/requests.jsonl" ] || "$PY" build/chat_requests.py --corpora data/corpora \
         --out "$DATA/requests.jsonl" --seed "${REQUEST_SEED:-2026}" "${exclude[@]}"
 }

@@ -29,6 +29,7 @@ PY=${PY:-.venv/bin/python}
 TARGET=${TARGET:-model_repository/target_model/1}
 DATA=${DATA:-data/chat}
 FEATURES=${FEATURES:-data/eagle}
+EXTRA_FEATURES=${EXTRA_FEATURES:-}     # feature folders of earlier stages (space-separated), trained on too
 RUN=${RUN:-runs/eagle}
 ANSWER_MINUTES=${ANSWER_MINUTES:-70}   # how long the target writes answers (0: use what is there)
 TEXT_PER_DOMAIN=${TEXT_PER_DOMAIN:-300}
@@ -69,6 +70,9 @@ vocab=()  # a head trained further keeps its proposal vocabulary; from the draft
 [ -f "$RUN/state.pt" ] && extra=(--resume)
 [ -n "$AUX_LAYERS" ] && extra+=(--aux)
 echo "[eagle] training $STEPS steps -> $RUN (log $RUN.log)"
+for folder in $EXTRA_FEATURES; do
+    extra+=(--features "$folder")
+done
 "$PY" build/train_eagle.py --target "$TARGET" --features "$FEATURES" --out "$RUN" \
     --init-from "$INIT_FROM" "${vocab[@]}" --fc-init embedding \
     --fc-lr-scale 1.0 --lr 3e-4 --warmup "$WARMUP" --steps "$STEPS" --tokens-per-batch 8192 --eval-every 50 \
