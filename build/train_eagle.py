@@ -86,9 +86,12 @@ def load_features(dirs: list[Path], valid_frac: float, max_len: int,
     train, valid, arrays, seen = [], [], {}, set()
     for d, folder in enumerate(dirs):
         for row in read_index(folder):
-            if row["id"] in seen:
+            # A duplicate is the same token sequence, not the same id: folders of different stages reuse ids
+            # (request ids of another seed, text windows of another seed) for different examples.
+            sequence = tuple(row["ids"])
+            if sequence in seen:
                 continue
-            seen.add(row["id"])
+            seen.add(sequence)
             src = (d, row["shard"])
             if src not in arrays:
                 arrays[src] = np.load(folder / FEATURES.format(row["shard"]), mmap_mode="r")

@@ -107,6 +107,24 @@ def test_feature_recording_resumes_without_repeating(tiny) -> None:
     assert len(eagle_features.read_index(tiny["features"])) == before
 
 
+def test_stages_reusing_ids_for_other_examples_are_all_trained_on(tiny, tmp_path) -> None:
+    """Two stages' folders reuse ids (request ids of another seed): a duplicate is the same sequence."""
+    import shutil
+
+    other = tmp_path / "other_stage"
+    shutil.copytree(tiny["features"], other)
+    for index in other.glob("index_*.jsonl"):
+        rows = [json.loads(line) for line in index.read_text(encoding="utf-8").splitlines() if line.strip()]
+        for row in rows[1:]:  # the first stays the same example: loaded once
+            row["ids"] = list(reversed(row["ids"]))
+        index.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    one = train_eagle.load_features([tiny["features"]], 0.0, 768)[0]
+    both = train_eagle.load_features([tiny["features"], other], 0.0, 768)[0]
+    sequences = [tuple(example["ids"]) for example in both]
+    assert len(set(sequences)) == len(sequences)  # no example twice (the unchanged first one included)
+    assert len(both) > 1.5 * len(one)  # keyed by id, the second folder would add nothing
+
+
 def _head(tiny, init_layer: int = 1, fc_init: str = "feature") -> train_eagle.EagleHead:
     torch.manual_seed(0)
     return train_eagle.EagleHead(tiny["target"], list(range(VOCAB)), init_layer, fc_init, 0.02, seed=3)
