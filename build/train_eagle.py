@@ -411,6 +411,11 @@ def losses(model: EagleHead, batch: dict, feature_weight: float, ttt_weight: flo
     return total, parts
 
 
+def _where(example: dict) -> tuple:
+    """Where an example's features are (unique; ids are not across folders)."""
+    return (*example["src"], example["offset"])
+
+
 @torch.no_grad()
 def agreement(model: EagleHead, examples: list[dict], arrays: dict, tokens_per_batch: int,
               cache: dict) -> tuple[dict[str, float], dict[str, float]]:
@@ -419,7 +424,7 @@ def agreement(model: EagleHead, examples: list[dict], arrays: dict, tokens_per_b
     model.eval()
     hits: dict[str, list[int]] = {}
     group, width = [], 0
-    embed = model.embed.float() if any(ex["id"] not in cache for ex in examples) else None
+    embed = model.embed.float() if any(_where(ex) not in cache for ex in examples) else None
     pending = sorted(examples, key=lambda e: len(e["ids"]))
     for i, ex in enumerate(pending):
         group.append(ex)
@@ -431,9 +436,9 @@ def agreement(model: EagleHead, examples: list[dict], arrays: dict, tokens_per_b
         g, g2 = model(batch["ids"], batch["feats"], batch["rows"], ttt=True, **_aux(batch))
         target = _take(batch["feats"][:, 1:], batch["rows"])
         for b, e in enumerate(group):
-            if e["id"] not in cache:  # the target's own argmax at each row, over its whole vocabulary
-                cache[e["id"]] = (target[b] @ embed.T).argmax(-1)
-            want, mask = cache[e["id"]], batch["mask"][b]
+            if _where(e) not in cache:  # the target's own argmax at each row, over its whole vocabulary
+                cache[_where(e)] = (target[b] @ embed.T).argmax(-1)
+            want, mask = cache[_where(e)], batch["mask"][b]
             key = f"{e['domain']}-text" if e["mode"] == "text" else e["domain"]
             one = model.proposal[model.logits(g[b]).argmax(-1)] == want
             h = hits.setdefault(key, [0, 0, 0, 0])

@@ -116,13 +116,20 @@ def test_stages_reusing_ids_for_other_examples_are_all_trained_on(tiny, tmp_path
     for index in other.glob("index_*.jsonl"):
         rows = [json.loads(line) for line in index.read_text(encoding="utf-8").splitlines() if line.strip()]
         for row in rows[1:]:  # the first stays the same example: loaded once
-            row["ids"] = list(reversed(row["ids"]))
+            row["ids"] = row["ids"][:-1]  # another example (one token shorter) under the same id
         index.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
     one = train_eagle.load_features([tiny["features"]], 0.0, 768)[0]
     both = train_eagle.load_features([tiny["features"], other], 0.0, 768)[0]
     sequences = [tuple(example["ids"]) for example in both]
     assert len(set(sequences)) == len(sequences)  # no example twice (the unchanged first one included)
     assert len(both) > 1.5 * len(one)  # keyed by id, the second folder would add nothing
+    # The held-out agreement's cache of the target's argmax is per example too, not per id.
+    _, _, arrays = train_eagle.load_features([tiny["features"], other], 0.0, 768)
+    head, cache = _head(tiny), {}
+    train_eagle.agreement(head, [e for e in both if e["src"][0] == 0], arrays, 4096, cache)
+    second = [e for e in both if e["src"][0] == 1]
+    assert train_eagle.agreement(head, second, arrays, 4096, cache) == train_eagle.agreement(
+        head, second, arrays, 4096, {})
 
 
 def _head(tiny, init_layer: int = 1, fc_init: str = "feature") -> train_eagle.EagleHead:
