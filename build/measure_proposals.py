@@ -5,8 +5,9 @@ lookup's accepted / proposed tokens, and a speedup estimated from the costs meas
 least-squares fit of target time to rows verified, and of head time to tokens drafted). Outputs are checked
 equal across settings (greedy speculation is lossless).
 
-A setting is ``drafter:k[:lookup_length:min_ngram]``, e.g. ``eagle+ngram:2:12:2``; k ``profile`` takes each
-task profile's length (model_repository/speculative_decoding/1/profiles.yaml). ``--confidence K`` instead
+A setting is ``drafter:k[:lookup_length:min_ngram[:confidence]]``, e.g. ``eagle+ngram:4:12:2:0.5``; k
+``profile`` takes each task profile's length, confidence ``profile`` its draft_confidence
+(model_repository/speculative_decoding/1/profiles.yaml); no confidence: chains of k. ``--confidence K`` instead
 drafts K tokens with the head per iteration and prints how often the first drafted token is accepted per band
 of the head's own probability for it, and how early stopping at a probability threshold would have done
 (docs/SPECULATION.md, "What did not pay"). Usage::
@@ -101,9 +102,14 @@ def generate(backend: RecordingBackend, prompt: list[int], max_tokens: int, sett
 def settings_of(spec: str, task: str = "text") -> SpeculationSettings:
     parts = spec.split(":")
     drafter = parts[0]
-    k = SpeculationConfig.load(PROFILES).profiles[task].min_length if parts[1] == "profile" else int(parts[1])
+    profile = SpeculationConfig.load(PROFILES).profiles[task]
+    k = profile.min_length if parts[1] == "profile" else int(parts[1])
     lookup = PromptLookup(int(parts[2]), int(parts[3])) if len(parts) >= 4 else PromptLookup()
-    return SpeculationSettings("text", drafter, k, k, 1, "greedy", 0.7, explicit_length=True, prompt_lookup=lookup)
+    floor = 0.0
+    if len(parts) >= 5:
+        floor = profile.min_confidence if parts[4] == "profile" else float(parts[4])
+    return SpeculationSettings("text", drafter, k, k, 1, "greedy", 0.7, explicit_length=True, prompt_lookup=lookup,
+                               min_confidence=floor)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -5,6 +5,7 @@ The YAML mirrors DESIGN.md §4:
     speculative_decoding:
       base_length: {json: 8, code: 6, text: [4, 12]}   # a range means adaptive
       candidate_num: {default: 3, high_precision: 5}
+      draft_confidence: {json: 0.5, code: 0.5, text: 0.3}   # 0 or absent: chains of the full length
       verify_threshold: 0.7
       fallback: {min_acceptance_rate: 0.40, window_s: 300}
 """
@@ -70,6 +71,9 @@ class TaskProfile:
     num_candidates: int = 3
     drafter: str = "model"
     acceptance: str = "greedy"
+    # A model drafter's chain stops before a token (past the first) it gives less probability than this: the
+    # length is then the most it drafts (0: always the full length).
+    min_confidence: float = 0.0
 
     @property
     def adaptive(self) -> bool:
@@ -102,6 +106,7 @@ class SpeculationConfig:
         default_candidates = int(candidates.get("default", 3))
         drafters = spec.get("drafter", {})
         acceptance = spec.get("acceptance", {})
+        confidence = spec.get("draft_confidence", {})
         profiles = {}
         for task in TASKS:
             length = lengths.get(task, 6)
@@ -112,7 +117,10 @@ class SpeculationConfig:
             mode = acceptance.get(task, "greedy") if isinstance(acceptance, dict) else str(acceptance)
             if drafter not in DRAFTERS or mode not in ACCEPTANCE_MODES:
                 raise ValueError(f"profile {task}: drafter must be in {DRAFTERS}, acceptance in {ACCEPTANCE_MODES}")
-            profiles[task] = TaskProfile(lo, hi, default_candidates, drafter, mode)
+            floor = float(confidence.get(task, 0.0) if isinstance(confidence, dict) else confidence)
+            if not 0.0 <= floor < 1.0:
+                raise ValueError(f"draft_confidence of {task} must be in [0, 1), got {floor}")
+            profiles[task] = TaskProfile(lo, hi, default_candidates, drafter, mode, floor)
         fb = spec.get("fallback", {})
         pl = spec.get("prompt_lookup", {})
         lookup = PromptLookup(length=int(pl.get("length", PromptLookup.length)),
@@ -149,6 +157,7 @@ class SpeculationSettings:
     verify_threshold: float
     explicit_length: bool = False  # the request fixed num_draft_tokens: the profile's fallback does not apply
     prompt_lookup: PromptLookup = PromptLookup()  # how `model+ngram` / `eagle+ngram` look up
+    min_confidence: float = 0.0  # TaskProfile.min_confidence: where a model drafter's chain stops early
 
     @property
     def adaptive(self) -> bool:
@@ -189,6 +198,7 @@ def resolve(config: SpeculationConfig, task: str, prompt_text: str | None, *, nu
         task=task, drafter=profile.drafter, min_length=profile.min_length, max_length=profile.max_length,
         num_candidates=profile.num_candidates, acceptance=profile.acceptance,
         verify_threshold=config.verify_threshold, prompt_lookup=config.prompt_lookup,
+        min_confidence=profile.min_confidence,
     )
     if sampling and acceptance is None and settings.acceptance == "greedy":
         settings = replace(settings, acceptance="rejection")  # the lossless rule for sampled decoding

@@ -64,6 +64,7 @@ class StepRequest:
     want_logits: bool = False
     num_hidden: int = 0  # target: also return the features (final-normed hidden states) of the last N inputs
     features: np.ndarray | None = None  # EAGLE draft: [len(input_ids), feature_size], each input token's feature
+    min_confidence: float = 0.0  # draft chain: stop before a token the drafter gives less probability than this
 
 
 @dataclass
@@ -191,6 +192,7 @@ class _Growth:
     tokens: list[int] = field(default_factory=list)
     logits: list[np.ndarray] = field(default_factory=list)
     features: np.ndarray | None = None  # EAGLE: the features of the newest level's tokens (the head's own)
+    finished: bool = False  # stopped before num_draft_tokens (min_confidence)
 
     @property
     def width(self) -> int:
@@ -199,6 +201,17 @@ class _Growth:
     @property
     def depth(self) -> int:
         return len(self.tokens) // self.width
+
+    def unsure(self, logits: np.ndarray, new: list[int]) -> bool:
+        """Whether a chain stops before `new` (its next token): past the first token, the drafter gives it
+        less probability than the request's min_confidence."""
+        threshold = self.request.min_confidence
+        if threshold <= 0 or self.width != 1 or not self.tokens:
+            return False
+        row = logits[-1].astype(np.float64)
+        top = row.max()
+        probability = np.exp(row[new[0]] - top) / np.exp(row - top).sum()
+        return bool(probability < threshold)
 
     def choose(self, logits: np.ndarray, count: int) -> list[int]:
         """Next tokens from logits rows: the top `count` of one row, or one per row (greedy or sampled)."""
@@ -216,9 +229,11 @@ class _Growth:
 
 class DraftEngine(_Engine):
     """Proposes a chain (num_candidates = 1) or a tree of `num_candidates` chains of `num_draft_tokens`
-    tokens per sequence in one call, looping inside. Tree rows are scratch: the caller's next
-    `past_length` drops them, and the accepted tokens come back as catch-up input. A step with input and
-    `num_draft_tokens` 0 only writes the input's rows (a chunk of a long prompt) and proposes nothing.
+    tokens per sequence in one call, looping inside. A chain with `min_confidence` stops early, before the
+    first token after the first whose probability under the drafter (softmax of its logits) is below it.
+    Tree rows are scratch: the caller's next `past_length` drops them, and the accepted tokens come back as
+    catch-up input. A step with input and `num_draft_tokens` 0 only writes the input's rows (a chunk of a long
+    prompt) and proposes nothing.
 
     Over an EAGLE head (runtime.feature_size > 0) every input token comes with its feature (the target's, from
     verification); each drafted token's row is fed the head's own output feature at its parent's row."""
@@ -280,13 +295,16 @@ class DraftEngine(_Engine):
                 first_level = not growth.tokens
                 count = growth.width if first_level else 1
                 new = growth.choose(logits, count)
+                if growth.unsure(logits, new):
+                    growth.finished = True
+                    new = []
                 growth.tokens.extend(new)
                 if output.hidden is not None:  # EAGLE: a new token's feature is its parent row's output
                     drafted = self._drafted_features(output.hidden)
                     growth.features = np.repeat(drafted[-1:], count, axis=0) if first_level else drafted
-                if growth.request.want_logits:
+                if growth.request.want_logits and new:
                     growth.logits.extend([logits[-1]] * count if first_level else list(logits))
-                if growth.depth < growth.request.num_draft_tokens:
+                if growth.depth < growth.request.num_draft_tokens and not growth.finished:
                     next_growing.append(growth)
                     next_items.append(self._extend(growth, new))
                 else:

@@ -377,7 +377,8 @@ class _Run:
         started = self.gen._clock()
         try:
             proposal = await self.model_drafter.propose(self.tokens, k, self.settings.num_candidates,
-                                                        draft_sampling, want_probs=lossless_sampling)
+                                                        draft_sampling, want_probs=lossless_sampling,
+                                                        min_confidence=self.settings.min_confidence)
         except Exception as exc:  # a failing draft degrades to plain decoding, never to an error
             log.warning("%s failed (%s); sequence %d continues without speculation", self._drafter_model, exc,
                         self.sequence_id)
@@ -385,7 +386,7 @@ class _Run:
             self.speculate = False
             return None
         self.stats.draft_calls += 1
-        self.gen.costs.draft.observe(k, self.gen._clock() - started)
+        self.gen.costs.draft.observe(proposal.depth, self.gen._clock() - started)
         return proposal
 
     @property

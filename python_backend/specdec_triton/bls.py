@@ -45,6 +45,8 @@ class BlsModelBackend:
             inputs.append(value_tensor("num_draft_tokens", step.num_draft_tokens, np.int32))
         if step.num_candidates != 1:
             inputs.append(value_tensor("num_candidates", step.num_candidates, np.int32))
+        if step.min_confidence > 0:
+            inputs.append(value_tensor("min_confidence", step.min_confidence, np.float32))
         sampling = step.sampling
         if not sampling.greedy:
             inputs += [value_tensor("temperature", sampling.temperature, np.float32),

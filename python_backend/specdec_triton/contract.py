@@ -108,6 +108,8 @@ DRAFT_INPUTS = (
     TensorSpec("top_k", "INT32", optional=True),
     TensorSpec("top_p", "FP32", optional=True),
     TensorSpec("seed", "UINT64", optional=True),
+    # A chain stops before a token (past the first) the drafter gives less probability than this (0: never).
+    TensorSpec("min_confidence", "FP32", optional=True),
 )
 # eagle_draft: the feature of every input token, [len(input_ids), feature_size] flattened (ragged like input_ids).
 EAGLE_INPUTS = (*DRAFT_INPUTS, TensorSpec("features", "FP32", (-1,), optional=True, ragged=True))

@@ -56,6 +56,7 @@ def read_step(request: Any) -> StepRequest:
         commit_rows=ids("commit_rows"),
         num_draft_tokens=int(scalar(request, "num_draft_tokens", 0)),
         num_candidates=int(scalar(request, "num_candidates", 1)),
+        min_confidence=float(scalar(request, "min_confidence", 0.0)),
         sampling=SamplingParams(float(scalar(request, "temperature", 0.0)), int(scalar(request, "top_k", 0)),
                                 float(scalar(request, "top_p", 1.0)), scalar(request, "seed", None)),
         want_logits="logits" in request.requested_output_names(),

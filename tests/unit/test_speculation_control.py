@@ -55,6 +55,17 @@ def test_request_overrides_win_over_the_profile(config):
     assert resolve_default(config, "code", drafter="ngram").num_candidates == 1
 
 
+def test_the_confidence_floor_comes_from_the_profile():
+    raw = {"speculative_decoding": {"draft_confidence": {"json": 0.5, "code": 0.4}}}
+    config = SpeculationConfig.from_dict(raw)
+    assert [config.profiles[t].min_confidence for t in ("json", "code", "text")] == [0.5, 0.4, 0.0]
+    assert resolve_default(config, "json", num_draft_tokens=3).min_confidence == 0.5  # k is then the most
+    assert SpeculationConfig.from_dict({"draft_confidence": 0.3}).profiles["text"].min_confidence == 0.3
+    assert SpeculationConfig.from_dict({}).profiles["json"].min_confidence == 0.0
+    with pytest.raises(ValueError, match="draft_confidence"):
+        SpeculationConfig.from_dict({"draft_confidence": {"json": 1.0}})
+
+
 @pytest.mark.parametrize(("prompt", "task"), [
     ('{"id": 3, "name": "', "json"), ('[1, 2, 3', "json"), ('name": "Bob", "age": ', "json"),
     ("def main():\n", "code"), ("import os\nimport sys", "code"), ("for (int i = 0; i < n; i++) {", "code"),
