@@ -57,15 +57,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python_backend"))
 
 from eagle_features import AUX, AUX_LAYERS_FILE, FEATURES, read_index  # noqa: E402
-from specdec.checkpoint import PROPOSAL_VOCAB_FILE, load_state_dict  # noqa: E402
+from specdec.checkpoint import (  # noqa: E402
+    EAGLE_AUX_LAYERS,
+    EAGLE_CONFIG_KEY,
+    EAGLE_FC_WEIGHT,
+    FEATURE_LAYERS_KEY,
+    PROPOSAL_VOCAB_FILE,
+    load_state_dict,
+)
 from specdec.runtime.torch_llama import rms_norm, rotate_half, unit_rms  # noqa: E402
 from train import cpu_has_native_bf16  # noqa: E402
 from train_draft import EMBED_KEY, _held_out, batches, choose_proposal_vocab  # noqa: E402
-
-try:
-    from specdec.checkpoint import EAGLE_AUX_LAYERS, EAGLE_CONFIG_KEY, EAGLE_FC_WEIGHT  # noqa: E402
-except ImportError:  # the runtime side not there yet: the same names
-    EAGLE_CONFIG_KEY, EAGLE_FC_WEIGHT, EAGLE_AUX_LAYERS = "specdec_eagle", "eagle.fc.weight", "aux_layers"
 
 EAGLE_WEIGHTS = "eagle_layers.safetensors"
 EAGLE_FC_AUX_WEIGHT = "eagle.fc_aux.weight"  # read from heads saved before the servable form (one wider fc)
@@ -461,6 +463,7 @@ def save_head(model: EagleHead, proposal_ids: list[int], out: Path, scores: dict
 
     out.mkdir(parents=True, exist_ok=True)
     config = dict(model.config)
+    config.pop(FEATURE_LAYERS_KEY, None)  # the target's (what it returns for a fused head), not the head's
     config["num_hidden_layers"] = 1
     hidden = int(config["hidden_size"])
     config[EAGLE_CONFIG_KEY] = {"feature_size": hidden * (1 + len(model.aux_layers)), "feature": "final_norm"}

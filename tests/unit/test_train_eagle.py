@@ -245,6 +245,15 @@ def _train_args(tiny, out: Path, steps: int) -> list[str]:
             "--ckpt-every", "2", "--threads", "1", "--no-bf16", "--seed", "5", "--no-progress"]
 
 
+def test_a_saved_head_does_not_take_the_targets_fused_layers(tiny, tmp_path) -> None:
+    """The target lists the layers it returns for a fused head (FEATURE_LAYERS_KEY); the head's own config,
+    copied from the target's, must not: the head is one layer and fuses nothing itself."""
+    head = _head(tiny)
+    head.config = {**head.config, train_eagle.FEATURE_LAYERS_KEY: [0]}
+    train_eagle.save_head(head, list(range(VOCAB)), tmp_path / "head")
+    assert train_eagle.FEATURE_LAYERS_KEY not in json.loads((tmp_path / "head/config.json").read_text())
+
+
 def test_training_writes_the_installable_head_and_resumes(tiny, tmp_path) -> None:
     from safetensors import safe_open
 
