@@ -1,8 +1,8 @@
 """How drafting choices change what one target call yields, without a server: greedy speculation in this
 process (the served runtimes, onnxruntime, one thread each) over the held-out chat requests, per drafter
-setting. For each it prints tokens per target call, rows verified per call, the head's drafted tokens, prompt
+setting. For each it prints tokens per target call, rows verified per call, the head's forwards, prompt
 lookup's accepted / proposed tokens, and a speedup estimated from the costs measured in the same run (a
-least-squares fit of target time to rows verified, and of head time to tokens drafted). Outputs are checked
+least-squares fit of target time to rows verified, and of head time to its forwards). Outputs are checked
 equal across settings (greedy speculation is lossless).
 
 A setting is ``drafter:k[:lookup_length:min_ngram[:confidence]]``, e.g. ``eagle+ngram:4:12:2:0.5``; k
@@ -52,7 +52,7 @@ class RecordingBackend(InProcessBackend):
         super().__init__(target, None, eagle)
         self.confidence = confidence
         self.target_calls: list[tuple[int, float]] = []  # (rows, seconds)
-        self.head_calls: list[tuple[int, float]] = []  # (drafted tokens, seconds)
+        self.head_calls: list[tuple[int, float]] = []  # (head forwards, seconds)
         self.last_probabilities: list[float] = []
 
     async def target_step(self, request: StepRequest) -> StepResult:
@@ -68,7 +68,10 @@ class RecordingBackend(InProcessBackend):
         started = time.perf_counter()
         result = await super().eagle_step(request)
         if request.num_draft_tokens:
-            self.head_calls.append((request.num_draft_tokens, time.perf_counter() - started))
+            # The head's forwards: one per kept token, and one more that scored a token dropped by the floor.
+            kept = len(result.token_ids)
+            forwards = kept + int(kept < request.num_draft_tokens * request.num_candidates)
+            self.head_calls.append((forwards, time.perf_counter() - started))
             if self.confidence and result.logits is not None:
                 logits = result.logits.astype(np.float64)
                 p = np.exp(logits - logits.max(-1, keepdims=True))
@@ -147,11 +150,11 @@ def main(argv: list[str] | None = None) -> dict:
             spent = t_fixed * calls + t_row * rows + h_fixed * len(backend.head_calls) + h_token * drafted
             plain = (t_fixed + t_row) * stats.output_tokens  # one row per token
             row = {"tokens_per_call": stats.output_tokens / calls, "rows_per_call": rows / calls,
-                   "head_tokens": drafted, "lookup_accepted": stats.lookup_accepted_tokens,
+                   "head_forwards": drafted, "lookup_accepted": stats.lookup_accepted_tokens,
                    "lookup_proposed": stats.lookup_draft_tokens, "estimated_speedup": plain / spent}
             report.setdefault(domain, {})[spec] = row
             print(f"{domain:6s} {spec:22s} tokens/call {row['tokens_per_call']:.2f} rows/call "
-                  f"{row['rows_per_call']:.2f} head tokens {drafted} lookup {stats.lookup_accepted_tokens}/"
+                  f"{row['rows_per_call']:.2f} head forwards {drafted} lookup {stats.lookup_accepted_tokens}/"
                   f"{stats.lookup_draft_tokens} estimated speedup {row['estimated_speedup']:.2f}x", flush=True)
         first = next(iter(outputs.values()))
         if any(out != first for out in outputs.values()):
@@ -164,16 +167,19 @@ def stopping_policies(iterations: list[tuple[list[float], int]], k: int, t_fixed
     """Each policy applied to the same iterations (the head's probability of each of the k drafted tokens, and
     how many the target accepted): a fixed length, or drafting on while the head's probability stays at or above
     a threshold (the first token always). A policy keeping n tokens accepts min(accepted, n). The speedup is
-    estimated from the costs: a target call t_fixed + t_row per row verified, head_token per drafted token."""
+    estimated from the costs: a target call t_fixed + t_row per row verified, head_token per head forward."""
     policies = {f"k={n}": [min(n, len(p)) for p, _ in iterations] for n in sorted({1, 2, 3, k})}
-    for threshold in (0.3, 0.5, 0.7, 0.9):
-        policies[f"p>={threshold}"] = [next((j for j in range(1, len(p)) if p[j] < threshold), len(p))
-                                       for p, _ in iterations]
+    floors = {f"p>={threshold}": threshold for threshold in (0.3, 0.5, 0.7, 0.9)}
+    for name, threshold in floors.items():
+        policies[name] = [next((j for j in range(1, len(p)) if p[j] < threshold), len(p)) for p, _ in iterations]
     out = {}
     for name, kept in policies.items():
         gained = sum(min(a, n) for (_, a), n in zip(iterations, kept, strict=True)) / len(iterations)
         drafted = sum(kept) / len(iterations)
-        spent = t_fixed + t_row * (1 + drafted) + head_token * drafted
+        # A floor that stopped a chain also ran the forward that scored the dropped token.
+        forwards = drafted + (sum(n < len(p) for (p, _), n in zip(iterations, kept, strict=True)) / len(iterations)
+                              if name in floors else 0.0)
+        spent = t_fixed + t_row * (1 + drafted) + head_token * forwards
         out[name] = {"accepted_per_iteration": round(gained, 3), "drafted_per_iteration": round(drafted, 3),
                      "estimated_speedup": round((1 + gained) * (t_fixed + t_row) / spent, 3)}
     return out

@@ -42,3 +42,12 @@ def test_stopping_policies_keep_tokens_while_the_head_is_confident() -> None:
     assert out["k=4"]["accepted_per_iteration"] == pytest.approx(5 / 3, abs=1e-3)
     # With free drafting and verification, more accepted tokens is simply faster.
     assert out["k=4"]["estimated_speedup"] == pytest.approx(1 + 5 / 3, abs=1e-3)
+
+
+def test_a_floor_pays_for_the_forward_that_scored_the_token_it_dropped() -> None:
+    iterations = [([0.9, 0.8, 0.2, 0.9], 4), ([0.1, 0.95, 0.95, 0.95], 0), ([0.6, 0.4, 0.9, 0.9], 1)]
+    out = measure_proposals.stopping_policies(iterations, 4, t_fixed=0.05, t_row=0.0, head_token=0.01)
+    # p>=0.5 keeps 2 + 4 + 1 tokens; the first and third chains stopped early: 3 forwards per iteration.
+    assert out["p>=0.5"]["estimated_speedup"] == pytest.approx((1 + 1.0) * 0.05 / (0.05 + 0.01 * 3), abs=1e-3)
+    # k=2 accepts min(accepted, 2) = 2, 0, 1 for two forwards each.
+    assert out["k=2"]["estimated_speedup"] == pytest.approx((1 + 1.0) * 0.05 / (0.05 + 0.01 * 2), abs=1e-3)
