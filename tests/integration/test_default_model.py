@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from specdec_client.api import generate_grpc
 from specdec_client.server import start_on_free_ports
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -170,6 +171,46 @@ def test_prompt_lookup_in_front_of_each_model_drafter_equals_plain(default_serve
                          acceptance="rejection") for _ in range(2)]
     assert sampled[0].text == sampled[1].text and sampled[0].text.strip()
     assert sampled[0].stats["total_draft_tokens"] > 0
+
+
+@pytest.fixture(scope="module")
+def floor_server(tmp_path_factory: pytest.TempPathFactory):
+    """The default repository (files linked) with a confidence floor in every task profile."""
+    root = tmp_path_factory.mktemp("floor") / "repository"
+    for model in DEFAULT_REPOSITORY.iterdir():
+        if not (model / "config.pbtxt").is_file():
+            continue
+        version = root / model.name / "1"
+        version.mkdir(parents=True)
+        (root / model.name / "config.pbtxt").symlink_to(model / "config.pbtxt")
+        for item in (model / "1").iterdir():
+            if item.name not in ("__pycache__", "profiles.yaml"):
+                (version / item.name).symlink_to(item)
+    profiles = DEFAULT_REPOSITORY / "speculative_decoding" / "1" / "profiles.yaml"
+    raw = yaml.safe_load(profiles.read_text(encoding="utf-8"))
+    raw["speculative_decoding"]["draft_confidence"] = FLOOR
+    (root / "speculative_decoding" / "1" / "profiles.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+    server = start_on_free_ports(root, root.parent / "server.log", timeout_s=400)
+    yield server
+    server.stop()
+
+
+FLOOR = 0.5
+
+
+@pytest.mark.parametrize("drafter", ["eagle", "model"])
+def test_a_confidence_floor_shortens_chains_and_stays_lossless(default_server, floor_server, chat_prompts, plain,
+                                                                drafter) -> None:
+    """draft_confidence through the server (min_confidence on the drafters' BLS calls): greedy still equals
+    plain, with fewer draft tokens than the same k without the floor."""
+    drafted = {"floor": 0, "full": 0}
+    for domain, prompt in chat_prompts[::3]:
+        for name, server in (("floor", floor_server), ("full", default_server)):
+            result = _generate(server, prompt, drafter=drafter, num_draft_tokens=4)
+            assert result.text == plain[prompt].text, (domain, prompt, drafter, name)
+            assert result.drafter_used == drafter and not result.stats["fallback_active"]
+            drafted[name] += result.stats["total_draft_tokens"]
+    assert 0 < drafted["floor"] < drafted["full"]
 
 
 def test_eagle_head_is_trained_for_this_target() -> None:
