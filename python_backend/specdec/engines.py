@@ -180,6 +180,9 @@ def tree_draft_parents(num_candidates: int, depth: int) -> list[int]:
     return [i - c if i >= c else -1 for i in range(c * depth)]
 
 
+DRAFTER_BELIEF = SamplingParams(temperature=1.0)  # the drafter's own softmax, whatever the request samples with
+
+
 @dataclass
 class _Growth:
     """A draft tree (or chain) being grown for one request."""
@@ -208,10 +211,7 @@ class _Growth:
         threshold = self.request.min_confidence
         if threshold <= 0 or self.width != 1 or not self.tokens:
             return False
-        row = logits[-1].astype(np.float64)
-        top = row.max()
-        probability = np.exp(row[new[0]] - top) / np.exp(row - top).sum()
-        return bool(probability < threshold)
+        return bool(probabilities(logits[-1], DRAFTER_BELIEF)[0, new[0]] < threshold)
 
     def choose(self, logits: np.ndarray, count: int) -> list[int]:
         """Next tokens from logits rows: the top `count` of one row, or one per row (greedy or sampled)."""
