@@ -23,6 +23,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_REPOSITORY = REPO_ROOT / "model_repository"
 TARGET_DIR = DEFAULT_REPOSITORY / "target_model" / "1"
 MAX_TOKENS = 40
+FLOOR = 0.5  # the confidence floor of floor_server's profiles
 CHAT_REQUESTS = {
     "json": ["Return a JSON object for a library member with the keys name, member_id and books_borrowed.",
              "Write a JSON array with two planets, each with name and moons.",
@@ -193,9 +194,6 @@ def floor_server(tmp_path_factory: pytest.TempPathFactory):
     server = start_on_free_ports(root, root.parent / "server.log", timeout_s=400)
     yield server
     server.stop()
-
-
-FLOOR = 0.5
 
 
 @pytest.mark.parametrize("drafter", ["eagle", "model"])

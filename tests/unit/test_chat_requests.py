@@ -1,8 +1,10 @@
-"""build/chat_requests.py --exclude: the requests of another set are left out, the others keep their ids."""
+"""build/chat_requests.py --exclude: the requests of another set are left out, the others keep their ids;
+build/open_requests.py: many distinct open-ended asks, none about a held-out benchmark request's subject."""
 
 from __future__ import annotations
 
 import json
+import random
 import sys
 from pathlib import Path
 
@@ -10,6 +12,7 @@ BUILD = Path(__file__).resolve().parents[2] / "build"
 sys.path.insert(0, str(BUILD))
 
 import chat_requests  # noqa: E402
+import open_requests  # noqa: E402
 
 
 def test_exclude_drops_the_requests_of_another_set(tmp_path, monkeypatch) -> None:
@@ -24,3 +27,32 @@ def test_exclude_drops_the_requests_of_another_set(tmp_path, monkeypatch) -> Non
     assert [json.loads(line) for line in out.read_text().splitlines()] == [made[2]]
     chat_requests.main(["--out", str(out)])
     assert len(out.read_text().splitlines()) == 3
+
+
+def test_open_requests_never_ask_about_a_benchmark_subject(tmp_path, monkeypatch) -> None:
+    """Every held-out benchmark request names one of BENCHMARK_SUBJECTS; no open request that does is kept."""
+    from specdec_client.bench_prompts import CHAT_REQUESTS
+
+    benchmark = [text for texts in CHAT_REQUESTS.values() for text in texts]
+    assert all(open_requests.names_benchmark_subject(text) for text in benchmark)
+    assert not open_requests.names_benchmark_subject("Write a Python class for a teacher's timetable.")  # words
+    monkeypatch.setattr(chat_requests, "read_jsonl", lambda path: [])  # open asks need no corpus (none in CI)
+    out = tmp_path / "requests.jsonl"
+    chat_requests.main(["--out", str(out), "--counts", "code=0,json=0,prose=0,raw=0,open=3000", "--seed", "5"])
+    kept = [json.loads(line) for line in out.read_text().splitlines()]
+    made = chat_requests.build(tmp_path, {"open": 3000}, seed=5)
+    dropped = [r for r in made if open_requests.names_benchmark_subject(r["messages"][0]["content"])]
+    assert dropped and len(kept) == len(made) - len(dropped)  # "a binary search tree" names "binary search"
+    assert not [r for r in kept if open_requests.names_benchmark_subject(r["messages"][0]["content"])]
+    assert not set(benchmark) & {r["messages"][0]["content"] for r in kept}
+
+
+def test_open_requests_are_many_distinct_asks_in_every_domain() -> None:
+    made = list(open_requests.open_requests(random.Random(5), 3000))
+    assert made == list(open_requests.open_requests(random.Random(5), 3000))  # deterministic for a seed
+    by_domain: dict[str, set[str]] = {}
+    for r in made:
+        assert r["kind"] == "open" and r["messages"][0]["role"] == "user"
+        by_domain.setdefault(r["domain"], set()).add(r["messages"][0]["content"])
+    assert sorted(by_domain) == ["code", "json", "prose"]
+    assert all(len(asks) > 600 for asks in by_domain.values()), {d: len(a) for d, a in by_domain.items()}
