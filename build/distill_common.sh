@@ -12,7 +12,8 @@ prepare_requests() {
         exclude+=(--exclude "$file")
     done
     [ -f "$DATA/requests.jsonl" ] || "$PY" build/chat_requests.py --corpora data/corpora \
-        --out "$DATA/requests.jsonl" --seed "${REQUEST_SEED:-2026}" "${exclude[@]}"
+        --out "$DATA/requests.jsonl" --seed "${REQUEST_SEED:-2026}" \
+        --counts "${REQUEST_COUNTS:-code=3000,json=3000,prose=3000,raw=3000}" "${exclude[@]}"
 }
 
 # Start the target answering the requests in two background shards (one core each); their pids go to ANSWER_PIDS.

@@ -10,7 +10,7 @@
 # 4. build/train_eagle.py trains the head from INIT_FROM (the standalone draft: the head starts as the draft and
 #    learns to read the features; or a trained head, to train it further on more answers); the best held-out
 #    checkpoint is installed into model_repository/eagle_draft/1 and completed with the target's embeddings
-#    (build/default_model.py). The installed head took five runs (docs/MODELS.md section 6):
+#    (build/default_model.py). The installed head took six runs (docs/MODELS.md section 6):
 #
 #      bash build/distill_eagle.sh                                         # stage 1: 70 min of answers, 300 steps
 #      ANSWER_MINUTES=56 TEXT_PER_DOMAIN=200 FEATURES=data/eagle2 RUN=runs/eagle2 INIT_FROM=runs/eagle/best \
@@ -29,6 +29,12 @@
 #          TEXT_PER_DOMAIN=100 FEATURE_SEED=19 AUX_LAYERS=2,15,26 FEATURES=data/eagle5 \
 #          EXTRA_FEATURES="data/eagle3 data/eagle4" RUN=runs/eagle5 INIT_FROM=runs/eagle4/best STEPS=300 WARMUP=20 \
 #          SEED=999 VALID_FRAC=0.1 EVAL_EXAMPLES=0 THREADS=2 bash build/distill_eagle.sh   # stage 5: three stages
+#      ANSWER_MINUTES=55 DATA=data/chat6 REQUEST_SEED=2030 REQUEST_COUNTS=code=0,json=0,prose=0,raw=0,open=3600 \
+#          REQUEST_EXCLUDE="data/chat/requests.jsonl data/chat3/requests.jsonl data/chat4/requests.jsonl \
+#          data/chat5/requests.jsonl" TEXT_PER_DOMAIN=50 FEATURE_SEED=23 AUX_LAYERS=2,15,26 FEATURES=data/eagle6 \
+#          EXTRA_FEATURES="data/eagle3 data/eagle4 data/eagle5" RUN=runs/eagle6 INIT_FROM=runs/eagle5/best \
+#          STEPS=300 WARMUP=20 SEED=1010 VALID_FRAC=0.1 EVAL_EXAMPLES=0 THREADS=2 bash build/distill_eagle.sh
+#                                                      # stage 6: open-ended asks (build/open_requests.py)
 #
 # (data/chat/requests.jsonl, seed 2026's requests, is rebuilt by `build/chat_requests.py --seed 2026` if gone.)
 #
