@@ -215,6 +215,7 @@ def main(argv: list[str] | None = None) -> None:
     counts = {k: int(v) for k, v in (part.split("=") for part in args.counts.split(","))}
     requests = build(args.corpora, counts, args.seed)
     seen = {request_text(req) for path in args.exclude for req in read_jsonl(path)}
+    # Filtered after the ids are given (as --exclude), so a set made before a filter existed keeps its ids.
     requests = [req for req in requests if request_text(req) not in seen
                 and not (req["kind"] == "open" and names_benchmark_subject(request_text(req)))]
     args.out.parent.mkdir(parents=True, exist_ok=True)
