@@ -13,7 +13,8 @@ from) into requests; ``build/target_answers.py`` then has the target answer them
   summarise or continue a passage; a short essay or a letter.
 - ``raw``: the opening of a training document of any domain, as a plain continuation prompt.
 - ``open``: open-ended asks of all three domains composed from slot lists (``build/open_requests.py``; none
-  built by default: ``--counts open=3000`` makes the stage-6 set).
+  built by default: ``--counts open=3000`` makes the stage-6 set); ``open_code``: more Python asks from other
+  slot lists (stage 7).
 
 Output: one JSON object a line, ``{"id", "domain", "kind", "messages" | "prompt"}``, deterministic for a
 seed. ``--exclude FILE`` drops the requests that are also in FILE (a set built with another seed, e.g. one a
@@ -35,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from corpora import read_jsonl  # noqa: E402
-from open_requests import names_benchmark_subject, open_requests  # noqa: E402
+from open_requests import names_benchmark_subject, open_code_requests, open_requests  # noqa: E402
 
 Request = dict[str, object]
 MAX_SNIPPET_LINES = 30
@@ -179,12 +180,14 @@ def raw_requests(corpora: dict[str, list[dict]], rng: random.Random, n: int) -> 
         yield {"domain": domain, "kind": "raw", "prompt": text[:cut if cut > 8 else 64]}
 
 
+OPEN_KINDS = ("open", "open_code")  # composed asks: those naming a benchmark subject are dropped
+
 MAKERS: dict[str, Callable[[list[dict], random.Random, int], Iterator[Request]]] = {
     "code": code_requests, "json": json_requests, "prose": prose_requests}
 
 
 def build(corpora: Path, counts: dict[str, int], seed: int) -> list[Request]:
-    """All requests, shuffled, with ids; ``counts`` maps code/json/prose/raw/open to how many of each."""
+    """All requests, shuffled, with ids; ``counts`` maps code/json/prose/raw/open/open_code to how many of each."""
     rng = random.Random(seed)
     docs = {dom: read_jsonl(corpora / dom / "train.jsonl") for dom in MAKERS}
     made: list[Request] = []
@@ -192,6 +195,7 @@ def build(corpora: Path, counts: dict[str, int], seed: int) -> list[Request]:
         made.extend(maker(docs[dom], rng, counts.get(dom, 0)))
     made.extend(raw_requests(docs, rng, counts.get("raw", 0)))
     made.extend(open_requests(rng, counts.get("open", 0)))
+    made.extend(open_code_requests(rng, counts.get("open_code", 0)))  # after the others: earlier sets keep their ids
     unique = list({json.dumps(req, sort_keys=True): req for req in made}.values())  # template collisions
     rng.shuffle(unique)
     return [{"id": f"req-{i:06d}", **req} for i, req in enumerate(unique)]
@@ -217,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     seen = {request_text(req) for path in args.exclude for req in read_jsonl(path)}
     # Filtered after the ids are given (as --exclude), so a set made before a filter existed keeps its ids.
     requests = [req for req in requests if request_text(req) not in seen
-                and not (req["kind"] == "open" and names_benchmark_subject(request_text(req)))]
+                and not (req["kind"] in OPEN_KINDS and names_benchmark_subject(request_text(req)))]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("w", encoding="utf-8") as f:
         for req in requests:

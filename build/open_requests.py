@@ -260,3 +260,71 @@ def open_requests(rng: random.Random, n: int) -> Iterator[Request]:
         if rng.random() < 0.5:
             text = f"{text} {_pick(rng, EXTRAS[domain])}"
         yield {"domain": domain, "kind": "open", "messages": [{"role": "user", "content": text}]}
+
+
+# Stage 7: more code asks. Stage 6's code slots make only ~1,100 distinct asks (465 new in a second set), and code
+# was the domain stage 6 moved most (the head's code alpha 0.44 -> 0.53). Separate lists and their own kind
+# (``open_code``), so the slot lists above, and every earlier set's ids, stay as they were.
+CODE_TASKS_MORE = (
+    "counts how many times each character appears in a string", "returns the n largest items of a list",
+    "removes punctuation from a string", "checks whether a list is sorted", "interleaves two lists",
+    "finds the index of the smallest item of a list", "converts a number of seconds to hours, minutes and seconds",
+    "returns all the divisors of a number", "checks whether a number is an Armstrong number",
+    "computes the power set of a list", "converts a hexadecimal string to an integer",
+    "returns the words of a sentence sorted by length", "computes a moving average over a window of size k",
+    "returns the cumulative product of a list", "pads a string to a given width with a fill character",
+    "finds the longest increasing subsequence of a list", "counts the vowels and consonants in a string",
+    "checks whether a string is a valid IPv4 address", "normalises the whitespace in a string",
+    "returns the keys of a dictionary sorted by their values", "inverts a dictionary",
+    "computes the dot product of two vectors", "generates a random password of a given length",
+    "computes the Levenshtein distance between two strings", "finds the mode of a list of numbers",
+    "truncates a string to n characters and adds an ellipsis", "converts a list of strings to integers, skipping "
+    "the invalid ones", "returns the prime factors of a number", "checks whether a matrix is symmetric",
+    "computes the nth triangular number", "returns the union of several sets", "clamps a number to a range",
+    "counts the lines, words and characters of a text", "zips two lists into a dictionary",
+    "converts a string to title case without title()", "computes the average of the values in a dictionary",
+    "finds the common elements of three lists", "returns the indexes of every occurrence of a value in a list",
+    "converts kilometres to miles", "computes the body mass index from weight and height",
+    "checks whether a sentence is a pangram", "returns the sum of the even numbers in a list",
+    "encodes a string in base64", "returns the last n lines of a file", "swaps the keys and values of a dictionary",
+    "computes the area and circumference of a circle", "returns a list without its None values",
+    "finds the peak element of a list", "converts a list of words to a sentence with commas and 'and'",
+    "checks whether two rectangles overlap", "rounds a number to the nearest multiple of 5",
+    "computes simple statistics of a list of grades", "returns the number of days between two dates",
+    "replaces every digit in a string with '#'", "checks whether a number is a power of two",
+    "builds a histogram of a list of numbers as text", "returns the k most frequent items of a list",
+)
+PYTHON_CONCEPTS = ("list comprehensions", "decorators", "generators", "context managers", "dataclasses",
+                   "f-strings", "lambda functions", "*args and **kwargs", "exceptions and try/except",
+                   "the with statement", "dictionaries", "sets", "slicing", "enumerate", "zip", "map and filter",
+                   "classes and inheritance", "modules and imports", "type hints", "recursion", "iterators",
+                   "string methods", "reading and writing files", "sorting with a key function",
+                   "default arguments", "unit tests with unittest", "the collections module", "itertools",
+                   "regular expressions", "pathlib", "argparse", "the logging module", "the json module",
+                   "the datetime module", "the random module", "async and await", "properties",
+                   "static methods and class methods", "tuples", "while loops", "for loops", "the walrus operator",
+                   "pattern matching with match/case", "virtual environments", "list sorting", "global variables")
+CODE_FORMS_MORE = ("Can you write a Python function that {task}?", "Write a function in Python which {task}.",
+                   "Please write Python code that {task}.", "I need a Python function that {task}.",
+                   "Write a short Python program that {task} and prints the result.",
+                   "Give me a Python one-liner or a short function that {task}.",
+                   "Explain {concept} in Python with an example.", "How do {concept} work in Python?",
+                   "Show me how to use {concept} in Python.", "Write a Python example that uses {concept}.",
+                   "What are {concept} in Python? Give a short code example.")
+CODE_EXTRAS_MORE = ("Add comments.", "Use a for loop.", "Handle an empty input.", "Print an example.",
+                    "Write it as simply as possible.", "Follow PEP 8.", "Add type hints and a docstring.",
+                    "Show the output too.")
+
+
+def code_request_more(rng: random.Random) -> str:
+    """A code ask from stage 7's slot lists (tasks, Python concepts, forms)."""
+    return _pick(rng, CODE_FORMS_MORE).format(task=_pick(rng, CODE_TASKS_MORE), concept=_pick(rng, PYTHON_CONCEPTS))
+
+
+def open_code_requests(rng: random.Random, n: int) -> Iterator[Request]:
+    """``n`` open-ended Python asks from stage 7's slot lists (repeats are dropped by the caller)."""
+    for _ in range(n):
+        text = code_request_more(rng)
+        if rng.random() < 0.5:
+            text = f"{text} {_pick(rng, CODE_EXTRAS_MORE + EXTRAS['code'])}"
+        yield {"domain": "code", "kind": "open_code", "messages": [{"role": "user", "content": text}]}
