@@ -35,6 +35,13 @@
 #          EXTRA_FEATURES="data/eagle3 data/eagle4 data/eagle5" RUN=runs/eagle6 INIT_FROM=runs/eagle5/best \
 #          STEPS=300 WARMUP=20 SEED=1010 VALID_FRAC=0.1 EVAL_EXAMPLES=0 THREADS=2 bash build/distill_eagle.sh
 #                                                      # stage 6: open-ended asks (build/open_requests.py)
+#      ANSWER_MINUTES=48 DATA=data/chat7 REQUEST_SEED=2031 \
+#          REQUEST_COUNTS=code=0,json=0,prose=0,raw=0,open=3000,open_code=1500 \
+#          REQUEST_EXCLUDE="data/chat/requests.jsonl data/chat3/requests.jsonl data/chat4/requests.jsonl \
+#          data/chat5/requests.jsonl data/chat6/requests.jsonl" TEXT_PER_DOMAIN=50 FEATURE_SEED=29 AUX_LAYERS=2,15,26 \
+#          FEATURES=data/eagle7 EXTRA_FEATURES="data/eagle3 data/eagle4 data/eagle5 data/eagle6" RUN=runs/eagle7 \
+#          INIT_FROM=runs/eagle6/best STEPS=320 WARMUP=20 SEED=1111 VALID_FRAC=0.1 EVAL_EXAMPLES=0 THREADS=2 \
+#          bash build/distill_eagle.sh                          # stage 7: more Python asks (the open_code kind)
 #
 # (data/chat/requests.jsonl, seed 2026's requests, is rebuilt by `build/chat_requests.py --seed 2026` if gone.)
 #
