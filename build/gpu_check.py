@@ -38,6 +38,15 @@ DRAFT = REPO_ROOT / "model_repository" / "draft_model" / "1"
 PROMPTS = json.loads((REPO_ROOT / "client" / "specdec_client" / "prompts" / "smoke.json").read_text())
 GPU_YAML = REPO_ROOT / "build" / "deployments" / "gpu.yaml"
 CHECK_SLOTS, CHECK_LENGTH = 8, 512  # small engines build fast; enough for the prompts and 64 tokens
+SERVER_MAX_TOKENS = 128
+# The server step's requests per prompt, each compared with plain greedy: the draft model and the EAGLE head
+# at a fixed k, and the task's profile (its drafter and k, docs/SPECULATION.md).
+SERVER_MODES: dict[str, dict[str, Any]] = {
+    "plain": {"num_draft_tokens": 0},
+    "model_k6": {"drafter": "model", "num_draft_tokens": 6},
+    "eagle_k6": {"drafter": "eagle", "num_draft_tokens": 6},
+    "profile": {},
+}
 
 
 def record(out: Path, step: str, figures: dict[str, Any]) -> None:
@@ -196,8 +205,10 @@ def step_server(args: argparse.Namespace) -> None:
     deployment = yaml.safe_load(GPU_YAML.read_text())
     deployment["runtime"] = args.runtime
     deployment["kv_cache"].update(num_slots=CHECK_SLOTS, max_length=CHECK_LENGTH)
-    for name in ("target_model", "draft_model"):
-        model = deployment["models"][name]
+    for name in ("target_model", "draft_model", "eagle_draft"):
+        model = deployment["models"].get(name)
+        if model is None:
+            continue
         model.update(kind=args.kind, num_slots=CHECK_SLOTS)
         if args.kind == "KIND_CPU":  # a CPU rehearsal: one instance each, no GPU ids
             model.update(instances=1)
@@ -216,13 +227,20 @@ def step_server(args: argparse.Namespace) -> None:
             rows = []
             for task in ("json", "code", "text"):
                 text = PROMPTS[task][0]
-                results = {k: generate_http(server.http_url, {"text_input": text, "max_tokens": 64,
-                                                               "num_draft_tokens": k, "task": task})
-                           for k in (0, 6)}
-                rows.append({"task": task, "identical": results[0].text == results[6].text,
-                             "plain_tok_s": round(results[0].tokens_per_second, 1),
-                             "spec_tok_s": round(results[6].tokens_per_second, 1),
-                             "acceptance_rate": results[6].stats.get("acceptance_rate")})
+                base = {"text_input": text, "max_tokens": SERVER_MAX_TOKENS, "task": task}
+                generate_http(server.http_url, {**base, "max_tokens": 8})  # warm-up: first-call costs
+                results = {mode: generate_http(server.http_url, {**base, **params})
+                           for mode, params in SERVER_MODES.items()}
+                plain = results["plain"]
+                row: dict[str, Any] = {"task": task, "plain_tok_s": round(plain.tokens_per_second, 1)}
+                for mode, result in results.items():
+                    if mode != "plain":
+                        row[mode] = {"identical": result.text == plain.text,
+                                     "tok_s": round(result.tokens_per_second, 1),
+                                     "speedup": round(result.tokens_per_second / plain.tokens_per_second, 2),
+                                     "acceptance_rate": result.stats.get("acceptance_rate"),
+                                     "drafter_used": result.drafter_used}
+                rows.append(row)
             figures["requests"] = rows
         finally:
             server.stop()

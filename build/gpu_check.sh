@@ -50,19 +50,19 @@ fi
 step env 60 "$PY" build/gpu_check.py env --out "$OUT_DIR"
 
 if has 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
-  step torch-cuda 120 "$PY" build/gpu_check.py torch-cuda --out "$OUT_DIR"
+  step torch-cuda 240 "$PY" build/gpu_check.py torch-cuda --out "$OUT_DIR"
   if has 'import tensorrt'; then
     step tensorrt 210 "$PY" build/gpu_check.py tensorrt --out "$OUT_DIR"
+    if has 'import pytest'; then  # its engine tests need tensorrt; the rest run in the CPU suite
+      step pytest 60 "$PY" -m pytest -q -rs -p no:cacheprovider tests/unit/test_tensorrt_build.py
+    fi
   else
     echo "=== tensorrt SKIPPED: the tensorrt package does not import ($PY)"
   fi
-  if has 'import pytest'; then
-    step pytest 60 "$PY" -m pytest -q -rs -p no:cacheprovider tests/unit/test_tensorrt_build.py
-  fi
   if has 'import importlib.util, sys; sys.exit(0 if importlib.util.find_spec("pytriton") else 1)'; then
-    step server-torch 75 "$PY" build/gpu_check.py server --runtime torch --out "$OUT_DIR"
+    step server-torch 200 "$PY" build/gpu_check.py server --runtime torch --out "$OUT_DIR"
     if [[ -f "$OUT_DIR/engines/fp16/target_model/model.plan" ]]; then
-      step server-tensorrt 75 "$PY" build/gpu_check.py server --runtime tensorrt \
+      step server-tensorrt 200 "$PY" build/gpu_check.py server --runtime tensorrt \
         --engine-dir "$OUT_DIR/engines/fp16" --out "$OUT_DIR"
     fi
   else
