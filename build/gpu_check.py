@@ -8,6 +8,7 @@
                 interleaved with the torch runtime
     server      tritonserver end to end with a rendered deployment (torch on KIND_GPU by default; tensorrt
                 with --engine-dir): greedy /generate with and without speculation must agree
+    render      not a check: write <out>/model_repository, the GPU deployment to bench (docs/BENCHMARKS.md)
 
 Every step prints its figures and merges them into <out>/gpu_check.json. The `server` step also runs on a
 CPU (`--kind KIND_CPU --runtime onnxruntime|torch`), which is how it was verified without a GPU.
@@ -39,6 +40,7 @@ PROMPTS = json.loads((REPO_ROOT / "client" / "specdec_client" / "prompts" / "smo
 GPU_YAML = REPO_ROOT / "build" / "deployments" / "gpu.yaml"
 CHECK_SLOTS, CHECK_LENGTH = 8, 512  # small engines build fast; enough for the prompts and 64 tokens
 SERVER_MAX_TOKENS = 128
+BENCH_SLOTS, BENCH_LENGTH = 32, 2048  # `render`: room for 16 concurrent chat requests and their drafts
 # The server step's requests per prompt, each compared with plain greedy: the draft model and the EAGLE head
 # at a fixed k, and the task's profile (its drafter and k, docs/SPECULATION.md).
 SERVER_MODES: dict[str, dict[str, Any]] = {
@@ -247,7 +249,22 @@ def step_server(args: argparse.Namespace) -> None:
     record(args.out, "server", figures)
 
 
-STEPS = {"env": step_env, "torch-cuda": step_torch_cuda, "tensorrt": step_tensorrt, "server": step_server}
+def step_render(args: argparse.Namespace) -> None:
+    """A GPU repository to bench (<out>/model_repository): gpu.yaml with --runtime, BENCH_SLOTS KV slots per
+    decoder instance and context BENCH_LENGTH; `bench --start-server --model-repository` serves it."""
+    deployment = yaml.safe_load(GPU_YAML.read_text())
+    deployment["runtime"] = args.runtime
+    deployment["kv_cache"].update(num_slots=BENCH_SLOTS, max_length=BENCH_LENGTH)
+    for name in ("target_model", "draft_model", "eagle_draft"):
+        if name in deployment["models"]:
+            deployment["models"][name]["num_slots"] = BENCH_SLOTS
+    if args.engine_dir:
+        os.environ["SPECDEC_ENGINE_DIR"] = str(args.engine_dir.resolve())
+    print(render_repository(deployment, args.out))
+
+
+STEPS = {"env": step_env, "torch-cuda": step_torch_cuda, "tensorrt": step_tensorrt, "server": step_server,
+         "render": step_render}
 
 
 def main(argv: list[str] | None = None) -> int:

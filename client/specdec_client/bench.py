@@ -306,7 +306,26 @@ def server_memory(metrics: Scrape, server: TritonServer | None) -> dict[str, Any
 
 
 # ------------------------------------------------------------------------------------------- reporting
-def machine_info() -> dict[str, Any]:
+def gpu_names() -> list[str]:
+    """The GPUs nvidia-smi lists (none on a CPU machine)."""
+    with suppress(OSError, subprocess.SubprocessError):
+        listed = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                text=True, check=False, timeout=10)
+        if listed.returncode == 0:
+            return [line.strip() for line in listed.stdout.splitlines() if line.strip()]
+    return []
+
+
+def served_runtime(pbtxt: Path) -> dict[str, str | None]:
+    """The runtime and instance kind a rendered config.pbtxt gives its decoder."""
+    text = pbtxt.read_text() if pbtxt.exists() else ""
+    runtime = re.search(r'key: "runtime"\s*value \{\s*string_value: "(\w+)"', text)
+    kind = re.search(r"kind: (KIND_\w+)", text)
+    return {"runtime": runtime.group(1) if runtime else None, "kind": kind.group(1) if kind else None}
+
+
+def machine_info(model_repository: Path = REPO_ROOT / "model_repository") -> dict[str, Any]:
+    """The machine, and the decoders of the repository served (their shapes, runtime and placement)."""
     cpu = ""
     with suppress(OSError, StopIteration):
         cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -314,17 +333,15 @@ def machine_info() -> dict[str, Any]:
     commit = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, check=False).stdout.strip()
     models = {}
-    for name in ("target_model", "draft_model"):
-        config_path = REPO_ROOT / "model_repository" / name / "1" / "config.json"
+    for name in ("target_model", "draft_model", "eagle_draft"):
+        config_path = model_repository / name / "1" / "config.json"
         if config_path.exists():
             config = json.loads(config_path.read_text())
             models[name] = {k: config.get(k) for k in ("num_hidden_layers", "hidden_size", "intermediate_size",
                                                         "num_attention_heads", "vocab_size")}
-            pbtxt = REPO_ROOT / "model_repository" / name / "config.pbtxt"
-            runtime = re.search(r'key: "runtime"\s*value \{\s*string_value: "(\w+)"', pbtxt.read_text()) \
-                if pbtxt.exists() else None
-            models[name]["runtime"] = runtime.group(1) if runtime else None
-    return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            models[name].update(served_runtime(model_repository / name / "config.pbtxt"))
+    return {"cpu": cpu, "cores": os.cpu_count(), "gpus": gpu_names(), "platform": platform.platform(),
+            "python": platform.python_version(),
             "load_average": os.getloadavg(), "git_commit": commit, "models": models,
             "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
@@ -374,8 +391,11 @@ def markdown(results: dict[str, Any]) -> str:
     summaries, ratios = results["cells"], results["derived"]
     lines = [f"# bench results ({results['machine']['time_utc']}, commit {results['machine']['git_commit']})", "",
              f"Machine: {results['machine']['cpu']}, {results['machine']['cores']} cores; load average at start "
-             f"{results['machine']['load_average'][0]:.2f}. Models: " + ", ".join(
-                 f"{n} {m['num_hidden_layers']}x{m['hidden_size']} ({m.get('runtime')})"
+             f"{results['machine']['load_average'][0]:.2f}"
+             + (f"; GPU: {', '.join(results['machine']['gpus'])}" if results["machine"].get("gpus") else "")
+             + ". Models: " + ", ".join(
+                 f"{n} {m['num_hidden_layers']}x{m['hidden_size']} ({m.get('runtime')}"
+                 f"{', ' + m['kind'] if m.get('kind') else ''})"
                 for n, m in results["machine"]["models"].items()),
              "", "## Throughput and latency", "",
              "| scenario | mode | conc. | req | req/s | tok/s | P50 lat s | P99 lat s | P50 TTFT ms | P99 TTFT ms "
@@ -530,7 +550,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     total = sum(args.rounds * requests_per_cell(c, len(s["prompts"])) * len(modes)
                 for s in scenarios.values() for c in args.concurrency)
     total += 0 if hf is None else sum(args.rounds * len(s["prompts"]) * len(HF_MODES) for s in scenarios.values())
-    results: dict[str, Any] = {"machine": machine_info(), "config": {
+    results: dict[str, Any] = {"machine": machine_info(args.model_repository), "config": {
         k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
     if hf is not None:
         results["hf"] = hf.describe()
