@@ -460,6 +460,10 @@ def markdown(results: dict[str, Any]) -> str:
     if results.get("fidelity"):
         lines += ["", "## Fidelity (greedy): outputs equal to our plain decoding", ""]
         lines += [f"- {mode}: {v['equal']}/{v['compared']}" for mode, v in results["fidelity"].items()]
+        for m in results.get("fidelity_mismatches") or []:
+            lines += [f"- differs: {m['scenario']} request {m['prompt']}, {m['mode']} at concurrency "
+                      f"{m['concurrency']}, from character {m['first_difference_char']}: plain "
+                      f"{json.dumps(m['plain'])} / speculative {json.dumps(m['speculative'])}"]
     return "\n".join(lines) + "\n"
 
 
@@ -606,6 +610,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results["derived"] = derived(summaries, list(scenarios))
     results["memory"] = memory
     results["fidelity"] = fidelity(cells)
+    results["fidelity_mismatches"] = fidelity_mismatches(cells)
     results["records"] = [asdict(r) | {"text": None} for c in cells.values() for r in c.records]
     results["machine"]["load_average_end"] = os.getloadavg()
     return results
@@ -631,6 +636,33 @@ def fidelity(cells: dict[tuple[str, str, int], Cell]) -> dict[str, dict[str, int
                 entry["compared"] += 1
                 entry["equal"] += int(r.text.strip() == reference.strip())
     return out
+
+
+MISMATCH_CONTEXT_CHARS = 60  # excerpt on each side of where a greedy output first leaves plain decoding's
+
+
+def fidelity_mismatches(cells: dict[tuple[str, str, int], Cell]) -> list[dict[str, Any]]:
+    """Where each greedy output that differs from plain decoding's (``fidelity``) first leaves it, with both
+    texts around that point: enough to tell a logic error from a floating-point tie without the full texts,
+    which the results leave out."""
+    plain = {(r.scenario, c, r.prompt): r.text.strip() for (_, m, c), cell in cells.items() if m == PLAIN
+             for r in cell.records if r.error is None}
+    found = []
+    for (_, mode, concurrency), cell in cells.items():
+        if mode == PLAIN:
+            continue
+        for r in cell.records:
+            reference = plain.get((r.scenario, concurrency, r.prompt))
+            got = r.text.strip() if r.error is None else None
+            if reference is None or got is None or got == reference:
+                continue
+            at = next((i for i, (a, b) in enumerate(zip(reference, got, strict=False)) if a != b),
+                      min(len(reference), len(got)))
+            start = max(0, at - MISMATCH_CONTEXT_CHARS)
+            found.append({"scenario": r.scenario, "mode": mode, "concurrency": concurrency, "prompt": r.prompt,
+                          "first_difference_char": at, "plain": reference[start:at + MISMATCH_CONTEXT_CHARS],
+                          "speculative": got[start:at + MISMATCH_CONTEXT_CHARS]})
+    return found
 
 
 def parse_k(text: str) -> dict[str, int]:

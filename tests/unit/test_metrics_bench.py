@@ -96,3 +96,22 @@ def test_fidelity_compares_each_concurrency_with_plain_at_that_concurrency():
     assert result[bench.SPECULATIVE] == {"equal": 2, "compared": 2}
     assert result[f"{bench.SPECULATIVE} at concurrency 4"] == {"equal": 3, "compared": 4}
     assert result[f"{bench.SPECULATIVE} at concurrency 16"] == {"equal": 0, "compared": 0}
+
+
+def test_fidelity_mismatches_say_where_an_output_leaves_plain_decoding():
+    def texts(mode: str, outputs: list[str]) -> bench.Cell:
+        c = bench.Cell("json", mode, 1)
+        c.records = [bench.Record("json", mode, 1, 0, i, 1.0, 0.1, 8, text=t) for i, t in enumerate(outputs)]
+        return c
+
+    cells = {("json", bench.PLAIN, 1): texts(bench.PLAIN, ['{"a": 1, "b": 2}', "same"]),
+             ("json", bench.SPECULATIVE, 1): texts(bench.SPECULATIVE, ['{"a": 1, "c": 2}', "same "])}
+    [mismatch] = bench.fidelity_mismatches(cells)
+    assert mismatch["prompt"] == 0 and mismatch["mode"] == bench.SPECULATIVE and mismatch["concurrency"] == 1
+    assert mismatch["first_difference_char"] == 10
+    assert mismatch["plain"].endswith('"b": 2}') and mismatch["speculative"].endswith('"c": 2}')
+    report = bench.markdown({"machine": {"time_utc": "t", "git_commit": "c", "cpu": "cpu", "cores": 2,
+                                         "load_average": [1, 1, 1], "models": {}},
+                             "cells": [], "derived": {}, "memory": None, "fidelity": bench.fidelity(cells),
+                             "fidelity_mismatches": [mismatch]})
+    assert "- differs: json request 0" in report and "from character 10" in report
