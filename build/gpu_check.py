@@ -2,7 +2,8 @@
 
     env         versions, GPU, what is installed
     torch-cuda  the committed pair on the torch runtime on CUDA: logits vs the CPU runtime, greedy
-                speculation == plain greedy over 64 tokens, per-step costs and c (draft / target)
+                speculation == plain greedy over 64 tokens, per-step costs and c (draft / target), and
+                whether a verification pass gives the same logits as decode steps (bit for bit)
     tensorrt    engines of the committed pair (fp32 and fp16) with build/build_engines.py; parity with torch
                 on CUDA (max |logit diff|, argmax agreement, 64 greedy tokens); per-step costs and c,
                 interleaved with the torch runtime
@@ -80,6 +81,26 @@ def compare(reference, runtime, prompts: list[list[int]]) -> dict[str, float]:
     return {"max_abs_logit_diff": max_diff, "argmax_agreement": agreement, "positions": int(len(a))}
 
 
+def decode_vs_verify(runtime, prompt: list[int], k: int = 6) -> dict[str, float]:
+    """The same k+1 positions' logits from one verification pass and from k+1 one-token decode steps.
+
+    Greedy speculation equals plain greedy decoding exactly only where the two agree bit for bit; kernels
+    chosen by the number of rows (onnxruntime's single-row products, cuBLAS, attention) break that, so a
+    top-2 tie can flip (docs/SPECULATION.md, "Bit-identical greedy output").
+    """
+    from specdec.runtime.base import ForwardItem
+
+    past = len(prompt) - (k + 1)
+    ids = np.asarray(prompt)
+    runtime.forward([ForwardItem(0, 0, ids[:past])])
+    verify = runtime.forward([ForwardItem(0, past, ids[past:], num_logits=k + 1)])[0]
+    decode = np.concatenate([runtime.forward([ForwardItem(0, past + j, ids[past + j:past + j + 1])])[0]
+                             for j in range(k + 1)])
+    diff = np.abs(verify.astype(np.float64) - decode)
+    return {"max_abs_logit_diff": float(diff.max()), "bitwise_equal_rows": int((diff.max(axis=1) == 0).sum()),
+            "rows": k + 1, "argmax_agreement": float((verify.argmax(1) == decode.argmax(1)).mean())}
+
+
 def generate(target, draft, prompt: list[int], k: int, max_tokens: int = 64) -> list[int]:
     from specdec.engines import DraftEngine, TargetEngine
     from specdec.generation import GenerationRequest, GenerationStats, SpeculativeGenerator
@@ -136,6 +157,10 @@ def step_torch_cuda(args: argparse.Namespace) -> None:
         figures[f"{role}_{device}_vs_cpu"] = compare(cpu, other, prompts)
     target = TorchLlamaRuntime(TARGET, num_slots=4, max_length=CHECK_LENGTH, device=device)
     draft = TorchLlamaRuntime(DRAFT, num_slots=4, max_length=CHECK_LENGTH, device=device)
+    longest = max(prompts, key=len)
+    figures[f"target_{device}_decode_vs_verify"] = decode_vs_verify(target, longest)
+    figures["target_cpu_decode_vs_verify"] = decode_vs_verify(
+        TorchLlamaRuntime(TARGET, num_slots=4, max_length=CHECK_LENGTH, num_threads=4), longest)
     same = [generate(target, draft, p, 6) == generate(target, draft, p, 0) for p in prompts]
     figures["greedy_speculative_equals_plain_64"] = f"{sum(same)}/{len(same)}"
     measure_runtimes.main(["--runtimes", "torch", "--device", device, "--repeats", "200", "--generate",

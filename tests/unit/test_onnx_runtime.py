@@ -177,3 +177,21 @@ def test_serving_on_onnxruntime_never_imports_torch(tiny_pair, tmp_path):
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO / "python_backend")}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_decode_step_gives_the_logits_of_a_verification_pass_bit_for_bit(tmp_path, threads):
+    """Greedy speculation equals plain greedy decoding exactly only where a one-token step and a (k+1)-token
+    verification compute a position's logits identically: onnxruntime's single-row products round
+    differently, so the step graph keeps every product at two rows or more (docs/SPECULATION.md)."""
+    runtime = OnnxLlamaRuntime(TARGET, num_slots=3, max_length=128, num_threads=threads, engine_dir=tmp_path)
+    ids = np.random.default_rng(1).integers(3, runtime.vocab_size, 60)
+    past = 40
+    for slot in range(3):
+        runtime.forward([ForwardItem(slot, 0, ids[:past])])
+    verify = runtime.forward([ForwardItem(0, past, ids[past:past + 9], num_logits=9)])[0]
+    steps = np.stack([runtime.forward([ForwardItem(0, past + j, ids[past + j:past + j + 1])])[0][0]
+                      for j in range(9)])
+    assert np.array_equal(steps, verify), f"max |diff| {np.abs(steps - verify).max()}"
+    batched = runtime.forward([ForwardItem(slot, past, ids[past:past + 1]) for slot in (1, 2)])
+    assert all(np.array_equal(out[0], verify[0]) for out in batched)

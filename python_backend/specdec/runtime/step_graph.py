@@ -97,6 +97,11 @@ class LlamaStepGraph(torch.nn.Module):
         cos = F.embedding(position_ids, self.rope_cos).unsqueeze(1)  # [B, 1, W, D]
         sin = F.embedding(position_ids, self.rope_sin).unsqueeze(1)
         mask = attention_mask.unsqueeze(1)  # [B, 1, W, T]
+        # One more query row (a copy of the first, dropped after): every attention product then has two or
+        # more rows. onnxruntime multiplies a single row with another kernel whose sums round differently, and
+        # a decode step must give the logits a verification pass gives, bit for bit (docs/SPECULATION.md,
+        # "Bit-identical greedy output"); past one row, every row's result is the same whatever the count.
+        mask = torch.cat([mask, mask[:, :, :1]], dim=2)
         hidden = F.embedding(input_ids, self.embed)
         if self.eagle_fc is not None:
             hidden = F.linear(torch.cat([hidden, _cast(features, self.dtype)], dim=-1), self.eagle_fc,
@@ -122,10 +127,11 @@ class LlamaStepGraph(torch.nn.Module):
             if group > 1:
                 keys = keys.repeat_interleave(group, dim=1)
                 values = values.repeat_interleave(group, dim=1)
+            q = torch.cat([q, q[:, :, :1]], dim=2)  # the extra query row (above)
             scores = _cast(torch.matmul(q * scale, keys.transpose(2, 3)), torch.float32)
             scores = torch.where(mask, scores, torch.finfo(torch.float32).min)
             probs = _cast(torch.softmax(scores, dim=-1), self.dtype)
-            attn = torch.matmul(probs, values).transpose(1, 2).reshape(batch, width, q_size)
+            attn = torch.matmul(probs, values)[:, :, :width].transpose(1, 2).reshape(batch, width, q_size)
             hidden = hidden + F.linear(attn, layer("o"), layer("o_bias"))
             x = _rms_norm(hidden, layer("mlp_norm"), s.rms_norm_eps)
             gate, up = F.linear(x, layer("gate_up"), layer("gate_up_bias")).chunk(2, dim=-1)
@@ -139,7 +145,9 @@ class LlamaStepGraph(torch.nn.Module):
                       for i in s.feature_layers]
             features = torch.cat([features, *[b * torch.rsqrt(b.pow(2).mean(-1, keepdim=True) + s.rms_norm_eps)
                                               for b in blocks]], dim=-1)
-        logits = _cast(F.linear(normed.index_select(0, logit_rows), self.lm_head), torch.float32)
+        # One more logit row (the first again, dropped after), for the reason of the extra query row.
+        rows = torch.cat([logit_rows, logit_rows[:1]])
+        logits = _cast(F.linear(normed.index_select(0, rows), self.lm_head)[:-1], torch.float32)
         if self.logit_gather is not None:
             logits = expand_logits(logits, self.logit_gather)
         return logits, torch.stack(new_keys), torch.stack(new_values), features
