@@ -43,7 +43,7 @@ from typing import Any
 from specdec_client.api import generate_grpc
 from specdec_client.bench_prompts import PROMPTS_FILE
 from specdec_client.scrape import Scrape, scrape
-from specdec_client.server import REPO_ROOT, TritonServer, free_port
+from specdec_client.server import REPO_ROOT, TritonServer, free_port, model_processes
 
 PLAIN, SPECULATIVE = "plain", "speculative"
 DRAFTER_MODE_PREFIX = "speculative-"  # `--drafters model,eagle`: one speculative mode per drafter
@@ -265,6 +265,47 @@ class HfPeer:
 
 
 # ------------------------------------------------------------------------------------------- memory
+GPU_MODELS = ("target_model", "draft_model", "eagle_draft")  # the decoders a GPU deployment places on GPUs
+
+
+def parse_compute_apps(text: str) -> dict[int, int]:
+    """pid -> GPU bytes from `nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits`
+    (MiB; a process on several GPUs is summed)."""
+    used: dict[int, int] = {}
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit():
+            used[int(fields[0])] = used.get(int(fields[0]), 0) + int(fields[1]) * 2**20
+    return used
+
+
+def gpu_memory_per_model(instances: dict[str, int], used: dict[int, int]) -> dict[str, int]:
+    """GPU bytes per decoder model from its instances' processes (instance names such as draft_model_0_2)."""
+    per_model: dict[str, int] = {}
+    for instance, pid in instances.items():
+        model = next((m for m in GPU_MODELS if instance.startswith(m + "_")), None)
+        if model is not None and pid in used:
+            per_model[model] = per_model.get(model, 0) + used[pid]
+    return per_model
+
+
+def gpu_memory(server: TritonServer) -> dict[str, Any] | None:
+    """GPU memory of the decoders' processes (None without nvidia-smi, or where it shows no pid of ours,
+    as in containers that hide host pids): the drafters' share is speculation's GPU memory cost."""
+    if server.process is None:
+        return None
+    try:
+        listed = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                                capture_output=True, text=True, check=False, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    per_model = gpu_memory_per_model(model_processes(server.process.pid), parse_compute_apps(listed.stdout))
+    if not per_model.get("target_model"):
+        return None
+    drafters = sum(v for m, v in per_model.items() if m != "target_model")
+    return {"per_model_bytes": per_model, "drafters_overhead_fraction": drafters / per_model["target_model"]}
+
+
 def server_memory(metrics: Scrape, server: TritonServer | None) -> dict[str, Any]:
     """Memory cost of speculation: the drafters' processes' USS over the rest of the serving footprint (the
     draft model's alone as `overhead_fraction`; with the EAGLE head, each drafter's and both together)."""
@@ -302,6 +343,8 @@ def server_memory(metrics: Scrape, server: TritonServer | None) -> dict[str, Any
         out["both_drafters_overhead_fraction"] = both / (total - both)
     kv_t, kv_d = per_model["target_model"]["kv_cache_bytes"], per_model["draft_model"]["kv_cache_bytes"]
     out["kv_cache_overhead_fraction"] = kv_d / kv_t if kv_t else None
+    if server is not None and gpu_names():
+        out["gpu"] = gpu_memory(server)
     return out
 
 
@@ -457,6 +500,12 @@ def markdown(results: dict[str, Any]) -> str:
         for model, v in pm.items():
             lines.append(f"| {model} | {v['resident'] / 2**20:.0f} | {v['proportional'] / 2**20:.0f} "
                          f"| {v['unique'] / 2**20:.0f} | {v['kv_cache_bytes'] / 2**20:.0f} |")
+        if "gpu" in memory:  # on a GPU machine the figures above are host memory, CUDA contexts included
+            gpu = memory["gpu"]
+            lines += ["", "The figures above are host memory. GPU memory (nvidia-smi, per decoder's processes): " + (
+                ", ".join(f"{m} {b / 2**20:.0f} MiB" for m, b in gpu["per_model_bytes"].items())
+                + f"; the drafters' processes are **{gpu['drafters_overhead_fraction']:.0%}** of the target's"
+                if gpu else "not attributable (nvidia-smi shows none of the server's processes).")]
     if results.get("fidelity"):
         lines += ["", "## Fidelity (greedy): outputs equal to our plain decoding", ""]
         lines += [f"- {mode}: {v['equal']}/{v['compared']}" for mode, v in results["fidelity"].items()]

@@ -115,3 +115,20 @@ def test_fidelity_mismatches_say_where_an_output_leaves_plain_decoding():
                              "cells": [], "derived": {}, "memory": None, "fidelity": bench.fidelity(cells),
                              "fidelity_mismatches": [mismatch]})
     assert "- differs: json request 0" in report and "from character 10" in report
+
+
+def test_gpu_memory_is_attributed_to_the_decoders_processes():
+    used = bench.parse_compute_apps("4100, 2150\n4101, 610\n4101, 10\n4200, 600\nNo running processes found\n")
+    assert used == {4100: 2150 * 2**20, 4101: 620 * 2**20, 4200: 600 * 2**20}
+    instances = {"target_model_0_0": 4100, "draft_model_0_0": 4101, "eagle_draft_0_1": 4200,
+                 "speculative_decoding_0_0": 4300, "draft_model_0_1": 4999}  # 4999: not on a GPU
+    per_model = bench.gpu_memory_per_model(instances, used)
+    assert per_model == {"target_model": 2150 * 2**20, "draft_model": 620 * 2**20, "eagle_draft": 600 * 2**20}
+    model = {"resident": 2**30, "proportional": 2**30, "unique": 2**29, "kv_cache_bytes": 2**28}
+    memory = {"per_model": {"target_model": model, "draft_model": model}, "footprint_bytes": 2**32,
+              "footprint_source": "PSS", "overhead_fraction": 0.1, "kv_cache_overhead_fraction": 0.03,
+              "gpu": {"per_model_bytes": per_model, "drafters_overhead_fraction": 1220 / 2150}}
+    report = bench.markdown({"machine": {"time_utc": "t", "git_commit": "c", "cpu": "cpu", "cores": 2,
+                                         "load_average": [1, 1, 1], "models": {}, "gpus": ["NVIDIA H200"]},
+                             "cells": [], "derived": {}, "memory": memory})
+    assert "GPU: NVIDIA H200" in report and "target_model 2150 MiB" in report and "**57%** of the target's" in report
