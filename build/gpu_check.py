@@ -225,18 +225,30 @@ def render_repository(deployment: dict, root: Path) -> Path:
     return repo
 
 
+DECODERS = ("target_model", "draft_model", "eagle_draft")
+
+
+def gpu_deployment(runtime: str, num_slots: int, max_length: int) -> dict[str, Any]:
+    """gpu.yaml with another runtime, and `num_slots` KV slots of `max_length` per decoder instance."""
+    deployment = yaml.safe_load(GPU_YAML.read_text())
+    deployment["runtime"] = runtime
+    deployment["kv_cache"].update(num_slots=num_slots, max_length=max_length)
+    for name in DECODERS:
+        if name in deployment["models"]:
+            deployment["models"][name]["num_slots"] = num_slots
+    return deployment
+
+
 def step_server(args: argparse.Namespace) -> None:
     from specdec_client.api import generate_http
     from specdec_client.server import TritonServer, free_port
 
-    deployment = yaml.safe_load(GPU_YAML.read_text())
-    deployment["runtime"] = args.runtime
-    deployment["kv_cache"].update(num_slots=CHECK_SLOTS, max_length=CHECK_LENGTH)
-    for name in ("target_model", "draft_model", "eagle_draft"):
+    deployment = gpu_deployment(args.runtime, CHECK_SLOTS, CHECK_LENGTH)
+    for name in DECODERS:
         model = deployment["models"].get(name)
         if model is None:
             continue
-        model.update(kind=args.kind, num_slots=CHECK_SLOTS)
+        model["kind"] = args.kind
         if args.kind == "KIND_CPU":  # a CPU rehearsal: one instance each, no GPU ids
             model.update(instances=1)
             model.pop("gpus", None)
@@ -277,12 +289,7 @@ def step_server(args: argparse.Namespace) -> None:
 def step_render(args: argparse.Namespace) -> None:
     """A GPU repository to bench (<out>/model_repository): gpu.yaml with --runtime, BENCH_SLOTS KV slots per
     decoder instance and context BENCH_LENGTH; `bench --start-server --model-repository` serves it."""
-    deployment = yaml.safe_load(GPU_YAML.read_text())
-    deployment["runtime"] = args.runtime
-    deployment["kv_cache"].update(num_slots=BENCH_SLOTS, max_length=BENCH_LENGTH)
-    for name in ("target_model", "draft_model", "eagle_draft"):
-        if name in deployment["models"]:
-            deployment["models"][name]["num_slots"] = BENCH_SLOTS
+    deployment = gpu_deployment(args.runtime, BENCH_SLOTS, BENCH_LENGTH)
     if args.engine_dir:
         os.environ["SPECDEC_ENGINE_DIR"] = str(args.engine_dir.resolve())
     print(render_repository(deployment, args.out))

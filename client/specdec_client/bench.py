@@ -671,8 +671,7 @@ def fidelity(cells: dict[tuple[str, str, int], Cell]) -> dict[str, dict[str, int
     Keyed by mode at concurrency 1 (where the HF peers run too) and ``"<mode> at concurrency <c>"`` above it:
     a batched speculative request must equal the plain one as much as a single one must.
     """
-    plain = {(r.scenario, c, r.prompt): r.text for (s, m, c), cell in cells.items() if m == PLAIN
-             for r in cell.records if r.error is None}
+    plain = plain_texts(cells)
     out: dict[str, dict[str, int]] = {}
     for (_, mode, concurrency), cell in sorted(cells.items(), key=lambda item: item[0][2]):
         if mode == PLAIN:
@@ -683,8 +682,14 @@ def fidelity(cells: dict[tuple[str, str, int], Cell]) -> dict[str, dict[str, int
             reference = plain.get((r.scenario, concurrency, r.prompt))
             if reference is not None and r.error is None:
                 entry["compared"] += 1
-                entry["equal"] += int(r.text.strip() == reference.strip())
+                entry["equal"] += int(r.text.strip() == reference)
     return out
+
+
+def plain_texts(cells: dict[tuple[str, str, int], Cell]) -> dict[tuple[str, int, int], str]:
+    """(scenario, concurrency, prompt) -> our plain decoding's output, stripped: what greedy modes must equal."""
+    return {(r.scenario, c, r.prompt): r.text.strip() for (_, m, c), cell in cells.items() if m == PLAIN
+            for r in cell.records if r.error is None}
 
 
 MISMATCH_CONTEXT_CHARS = 60  # excerpt on each side of where a greedy output first leaves plain decoding's
@@ -694,8 +699,7 @@ def fidelity_mismatches(cells: dict[tuple[str, str, int], Cell]) -> list[dict[st
     """Where each greedy output that differs from plain decoding's (``fidelity``) first leaves it, with both
     texts around that point: enough to tell a logic error from a floating-point tie without the full texts,
     which the results leave out."""
-    plain = {(r.scenario, c, r.prompt): r.text.strip() for (_, m, c), cell in cells.items() if m == PLAIN
-             for r in cell.records if r.error is None}
+    plain = plain_texts(cells)
     found = []
     for (_, mode, concurrency), cell in cells.items():
         if mode == PLAIN:
