@@ -108,10 +108,12 @@ def groups_by_length(examples: list[dict], tokens_per_batch: int, seed: int) -> 
 class FeatureRecorder:
     """The target in fp32 (Hugging Face Llama): ``features(ids)`` is its final-normed hidden state."""
 
-    def __init__(self, target: Path, bf16: bool = False, aux_layers: tuple[int, ...] = ()) -> None:
+    def __init__(self, target: Path, bf16: bool = False, aux_layers: tuple[int, ...] = (),
+                 device: str = "cpu") -> None:
         from transformers import LlamaForCausalLM
 
-        self.model = LlamaForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
+        self.device = torch.device(device)
+        self.model = LlamaForCausalLM.from_pretrained(str(target), dtype=torch.float32).to(self.device).eval()
         self.embed = self.model.get_input_embeddings().weight  # tied: the output layer too
         self.bf16 = bf16
         self.aux_layers = aux_layers
@@ -127,7 +129,8 @@ class FeatureRecorder:
         ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
         for row, seq in enumerate(batch):
             ids[row, :len(seq)] = torch.as_tensor(seq)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+        ids = ids.to(self.device)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             # LlamaModel's last hidden state is model.norm's output: what lm_head multiplies. Causal attention
             # over right padding leaves every real position exactly as it is alone.
             out = self.model.model(input_ids=ids, use_cache=False, output_hidden_states=bool(self.aux_layers))
@@ -139,7 +142,7 @@ class FeatureRecorder:
     @torch.inference_mode()
     def greedy_matches(self, feats: torch.Tensor, ex: dict) -> tuple[int, int]:
         """(matches, answer tokens): how often ``argmax(f_t @ E^T)`` is the greedy answer's next token."""
-        start, ids = ex["prompt_len"], torch.as_tensor(ex["ids"])
+        start, ids = ex["prompt_len"], torch.as_tensor(ex["ids"], device=feats.device)
         if ex["mode"] != "greedy" or start < 1 or start >= len(ids):
             return 0, 0
         predicted = (feats[start - 1:len(ids) - 1] @ self.embed.T).argmax(-1)
@@ -186,9 +189,9 @@ def record(recorder: FeatureRecorder, examples: list[dict], out: Path, tokens_pe
             n = len(ex["ids"])
             m, c = recorder.greedy_matches(hidden[row], ex)
             matched, checked = matched + m, checked + c
-            feats.append(hidden[row, :n].numpy().astype(np.float16))
+            feats.append(hidden[row, :n].cpu().numpy().astype(np.float16))
             if aux is not None:
-                aux_rows.append(aux[row, :n].numpy().astype(np.float16))
+                aux_rows.append(aux[row, :n].cpu().numpy().astype(np.float16))
             rows.append({"id": ex["id"], "domain": ex["domain"], "kind": ex["kind"], "mode": ex["mode"],
                          "offset": offset, "length": n, "prompt_len": ex["prompt_len"], "ids": ex["ids"]})
             offset += n

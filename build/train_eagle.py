@@ -109,26 +109,34 @@ def load_features(dirs: list[Path], valid_frac: float, max_len: int,
     return train, valid, arrays
 
 
-def collate(batch: list[dict], arrays: dict) -> dict[str, torch.Tensor]:
-    """Right-padded ``ids`` [B, T], ``feats`` [B, T, H] (fp32), where recorded ``aux`` [B, T, layers * H], and
-    the rows the losses read.
-
-    ``rows`` [B, W]: the head rows computed in full (first answer rows - 3 onward: one row before the first
+def loss_rows(batch: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` [B, W]: the head rows computed in full (first answer row - 3 onward: one row before the first
     loss row, whose g the unrolled step reads); ``mask`` [B, W]: rows j with x_{j+2} on the answer (or text)."""
     width = max(len(ex["ids"]) for ex in batch)
-    hidden = arrays[batch[0]["src"]].shape[1]
-    ids = torch.zeros((len(batch), width), dtype=torch.long)
-    feats = torch.zeros((len(batch), width, hidden), dtype=torch.float32)
     first = [max(ex["start"] - 3, 0) for ex in batch]
     span = max(len(ex["ids"]) - 2 - f for ex, f in zip(batch, first, strict=True))
     rows = torch.zeros((len(batch), span), dtype=torch.long)
     mask = torch.zeros((len(batch), span), dtype=torch.bool)
+    for b, (ex, f) in enumerate(zip(batch, first, strict=True)):
+        j = torch.arange(f, f + span)
+        rows[b] = j.clamp(max=width - 2)
+        mask[b] = (j + 2 >= ex["start"]) & (j <= len(ex["ids"]) - 3)
+    return rows, mask
+
+
+def collate(batch: list[dict], arrays: dict) -> dict[str, torch.Tensor]:
+    """Right-padded ``ids`` [B, T], ``feats`` [B, T, H] (fp32), where recorded ``aux`` [B, T, layers * H], and
+    the rows the losses read (``loss_rows``)."""
+    width = max(len(ex["ids"]) for ex in batch)
+    hidden = arrays[batch[0]["src"]].shape[1]
+    ids = torch.zeros((len(batch), width), dtype=torch.long)
+    feats = torch.zeros((len(batch), width, hidden), dtype=torch.float32)
     aux_key = (*batch[0]["src"], "aux")
     aux = None
     if aux_key in arrays:
         layers = arrays[aux_key].shape[1]
         aux = torch.zeros((len(batch), width, layers * hidden), dtype=torch.float32)
-    for b, (ex, f) in enumerate(zip(batch, first, strict=True)):
+    for b, ex in enumerate(batch):
         n = len(ex["ids"])
         ids[b, :n] = torch.as_tensor(ex["ids"])
         feats[b, :n] = torch.from_numpy(np.asarray(arrays[ex["src"]][ex["offset"]:ex["offset"] + n],
@@ -136,9 +144,7 @@ def collate(batch: list[dict], arrays: dict) -> dict[str, torch.Tensor]:
         if aux is not None:
             aux[b, :n] = torch.from_numpy(np.asarray(arrays[(*ex["src"], "aux")][ex["offset"]:ex["offset"] + n],
                                                      dtype=np.float32).reshape(n, -1))
-        j = torch.arange(f, f + span)
-        rows[b] = j.clamp(max=width - 2)
-        mask[b] = (j + 2 >= ex["start"]) & (j <= n - 3)
+    rows, mask = loss_rows(batch)
     out = {"ids": ids, "feats": feats, "rows": rows, "mask": mask}
     if aux is not None:
         out["aux"] = aux
@@ -185,7 +191,7 @@ class EagleLayer(torch.nn.Module):
         """h of query rows ``z`` [B, W, H] (normed ``x``) over ``keys``/``values`` [B, kv, K, D] where ``mask``
         [B, 1, W, K] allows. Attention runs in fp32 (torch's CPU attention is several times slower in bf16)."""
         q = self._heads(self.self_attn.q_proj(x), self.heads, cos, sin)
-        with torch.autocast("cpu", enabled=False):
+        with torch.autocast(z.device.type, enabled=False):
             attn = F.scaled_dot_product_attention(q.float(), keys.float(), values.float(), attn_mask=mask,
                                                   scale=1.0 / math.sqrt(self.head_dim),
                                                   enable_gqa=self.heads != self.kv_heads)
@@ -381,13 +387,14 @@ def _aux(batch: dict) -> dict[str, torch.Tensor]:
 def losses(model: EagleHead, batch: dict, feature_weight: float, ttt_weight: float, detach: bool,
            bf16: bool) -> tuple[torch.Tensor, dict[str, float]]:
     """The weighted loss of a batch and its parts (soft CE, its KL, smooth L1; 2: the unrolled step)."""
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+    device = batch["ids"].device
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
         g, g2 = model(batch["ids"], batch["feats"], batch["rows"], ttt=ttt_weight > 0, detach=detach,
                       **_aux(batch))
     mask = batch["mask"]
     parts: dict[str, float] = {}
     if not mask.any():
-        return torch.zeros(()), parts
+        return torch.zeros((), device=device), parts
     want = _take(batch["feats"][:, 1:], batch["rows"])[mask]  # f_{j+1} of the loss rows
     with torch.no_grad():  # the target's distribution over the proposal vocabulary, in fp32
         p_log = F.log_softmax(model.logits(want), dim=-1)
@@ -398,11 +405,11 @@ def losses(model: EagleHead, batch: dict, feature_weight: float, ttt_weight: flo
         later = mask.clone()
         later[:, 0] = False  # the unrolled rows: every loss row but a window's first
         steps.append(("2", g2[mask[:, 1:]], later[mask], ttt_weight))
-    total = torch.zeros(())
+    total = torch.zeros((), device=device)
     for name, pred, keep, weight in steps:
         if pred.shape[0] == 0:
             continue
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             logits = model.logits(pred)
         ce = -(p[keep] * F.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
         reg = F.smooth_l1_loss(pred.float(), want[keep])
@@ -420,9 +427,11 @@ def _where(example: dict) -> tuple:
 
 @torch.no_grad()
 def agreement(model: EagleHead, examples: list[dict], arrays: dict, tokens_per_batch: int,
-              cache: dict) -> tuple[dict[str, float], dict[str, float]]:
+              cache: dict, collate_fn=collate) -> tuple[dict[str, float], dict[str, float]]:
     """Per domain (``<domain>-text`` for text windows), the share of loss rows where the head's argmax is the
-    target's (``argmax f_{j+1} @ E^T`` over the whole vocabulary): step 1 and the unrolled step 2."""
+    target's (``argmax f_{j+1} @ E^T`` over the whole vocabulary): step 1 and the unrolled step 2.
+    ``collate_fn(group, arrays)`` makes a batch (``collate``'s contract; the GPU driver's keeps its features on
+    the GPU)."""
     model.eval()
     hits: dict[str, list[int]] = {}
     group, width = [], 0
@@ -434,7 +443,7 @@ def agreement(model: EagleHead, examples: list[dict], arrays: dict, tokens_per_b
         last = i + 1 == len(pending)
         if not last and width * (len(group) + 1) <= tokens_per_batch:
             continue
-        batch = collate(group, arrays)
+        batch = collate_fn(group, arrays)
         g, g2 = model(batch["ids"], batch["feats"], batch["rows"], ttt=True, **_aux(batch))
         target = _take(batch["feats"][:, 1:], batch["rows"])
         for b, e in enumerate(group):
