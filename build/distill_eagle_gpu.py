@@ -236,7 +236,7 @@ def train(model: EagleHead, train_set: list[dict], eval_set: list[dict], store: 
         opt.step()
         step += 1
         every = max(1, (total or 10**9) // args.evals)
-        if total is not None and (step % every == 0 or step == total):
+        if total is not None and ((step % every == 0 and step + every <= total) or step == total):
             one, two = agreement(model, eval_set, store, args.tokens_per_batch, cache, gpu_collate)
             record = {"step": step, "loss": round(loss.item(), 4), **parts, "lr": lr, "agreement": one,
                       "agreement_step2": two, "elapsed_s": round(time.monotonic() - started, 1)}
