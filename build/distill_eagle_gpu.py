@@ -45,7 +45,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python_backend"))
 
-from eagle_features import FeatureRecorder, groups_by_length  # noqa: E402
+from eagle_features import FeatureRecorder, teacher_forced  # noqa: E402
 from specdec.checkpoint import EAGLE_AUX_LAYERS, EAGLE_CONFIG_KEY, PROPOSAL_VOCAB_FILE  # noqa: E402
 from target_answers import MAX_NEW_TOKENS, MAX_PROMPT_TOKENS, SAMPLED, prompt_ids  # noqa: E402
 from train_draft import _held_out, batches  # noqa: E402
@@ -157,18 +157,14 @@ def record(recorder: FeatureRecorder, rows: list[dict], store: FeatureStore, tok
                 "ids": (r["prompt_ids"] + r["answer_ids"])[:MAX_LEN], "prompt_len": len(r["prompt_ids"]),
                 "held_out": r["held_out"]} for r in rows if r["answer_ids"]]
     started = time.monotonic()
-    for group in groups_by_length(pending, tokens_per_batch, seed):
-        hidden, aux = recorder.features([ex["ids"] for ex in group])
-        for b, ex in enumerate(group):
-            n = len(ex["ids"])
-            m, c = recorder.greedy_matches(hidden[b], ex)
-            matched, checked = matched + m, checked + c
-            if n - 2 < max(ex["prompt_len"] - 2, 0) + 1:
-                continue  # no position to learn from
-            offset = store.add(hidden[b, :n], None if aux is None else aux[b, :n])
-            examples.append({"id": ex["id"], "ids": ex["ids"], "start": ex["prompt_len"], "domain": ex["domain"],
-                             "mode": ex["mode"], "kind": ex["kind"], "src": ("gpu",), "offset": offset,
-                             "held_out": ex["held_out"]})
+    for ex, hidden, aux, (m, c) in teacher_forced(recorder, pending, tokens_per_batch, seed):
+        matched, checked = matched + m, checked + c
+        if len(ex["ids"]) - 2 < max(ex["prompt_len"] - 2, 0) + 1:
+            continue  # no position to learn from
+        offset = store.add(hidden, aux)
+        examples.append({"id": ex["id"], "ids": ex["ids"], "start": ex["prompt_len"], "domain": ex["domain"],
+                         "mode": ex["mode"], "kind": ex["kind"], "src": ("gpu",), "offset": offset,
+                         "held_out": ex["held_out"]})
     seconds = time.monotonic() - started
     tokens = sum(len(ex["ids"]) for ex in pending)
     return examples, {"examples": len(examples), "tokens": tokens, "seconds": round(seconds, 1),
@@ -284,13 +280,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--train-requests", type=Path, action="append", default=[],
                     help="requests answered greedily after --requests and only trained on (repeatable)")
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--budget-seconds", type=float, default=420.0, help="the whole run, from the model's load")
-    ap.add_argument("--answer-seconds", type=float, default=180.0)
+    ap.add_argument("--budget-seconds", type=float, default=470.0, help="the whole run, from the model's load")
+    ap.add_argument("--answer-seconds", type=float, default=200.0)
     ap.add_argument("--answer-batch", type=int, default=384)
     ap.add_argument("--limit", type=int, default=0, help="answer at most this many (a quick check)")
     ap.add_argument("--capacity-tokens", type=int, default=12_000_000, help="feature rows kept on the device")
     ap.add_argument("--tokens-per-batch", type=int, default=32768)
-    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--lr", type=float, default=4e-4)
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--min-lr-frac", type=float, default=0.1)
     ap.add_argument("--feature-weight", type=float, default=0.5)

@@ -149,6 +149,16 @@ class FeatureRecorder:
         return int((predicted == ids[start:]).sum()), len(ids) - start
 
 
+def teacher_forced(recorder: FeatureRecorder, examples: list[dict], tokens_per_batch: int, seed: int):
+    """Each example, one batch of similar lengths at a time, with its features [n, hidden], its aux layers'
+    outputs [n, layers, hidden] (or None) and its greedy check ``(matches, answer tokens)``."""
+    for group in groups_by_length(examples, tokens_per_batch, seed):
+        hidden, aux = recorder.features([ex["ids"] for ex in group])
+        for row, ex in enumerate(group):
+            n = len(ex["ids"])
+            yield ex, hidden[row, :n], None if aux is None else aux[row, :n], recorder.greedy_matches(hidden[row], ex)
+
+
 def _save(path: Path, arrays: list[np.ndarray], what: str) -> None:
     data = np.concatenate(arrays).astype(np.float16)
     if not np.isfinite(data).all():
@@ -183,21 +193,18 @@ def record(recorder: FeatureRecorder, examples: list[dict], out: Path, tokens_pe
     started = time.monotonic()
     bar = tqdm(total=sum(len(e["ids"]) for e in examples), desc="features", unit="tok", unit_scale=True,
                disable=not progress)
-    for group in groups_by_length(examples, tokens_per_batch, seed):
-        hidden, aux = recorder.features([ex["ids"] for ex in group])
-        for row, ex in enumerate(group):
-            n = len(ex["ids"])
-            m, c = recorder.greedy_matches(hidden[row], ex)
-            matched, checked = matched + m, checked + c
-            feats.append(hidden[row, :n].cpu().numpy().astype(np.float16))
-            if aux is not None:
-                aux_rows.append(aux[row, :n].cpu().numpy().astype(np.float16))
-            rows.append({"id": ex["id"], "domain": ex["domain"], "kind": ex["kind"], "mode": ex["mode"],
-                         "offset": offset, "length": n, "prompt_len": ex["prompt_len"], "ids": ex["ids"]})
-            offset += n
-            tokens += n
-        bar.update(sum(len(ex["ids"]) for ex in group))
-        bar.set_postfix(greedy_match=f"{matched / max(checked, 1):.4f}")
+    for ex, hidden, aux, (m, c) in teacher_forced(recorder, examples, tokens_per_batch, seed):
+        n = len(ex["ids"])
+        matched, checked = matched + m, checked + c
+        feats.append(hidden.cpu().numpy().astype(np.float16))
+        if aux is not None:
+            aux_rows.append(aux.cpu().numpy().astype(np.float16))
+        rows.append({"id": ex["id"], "domain": ex["domain"], "kind": ex["kind"], "mode": ex["mode"],
+                     "offset": offset, "length": n, "prompt_len": ex["prompt_len"], "ids": ex["ids"]})
+        offset += n
+        tokens += n
+        bar.update(n)
+        bar.set_postfix(greedy_match=f"{matched / max(checked, 1):.4f}", refresh=False)
         if offset >= shard_tokens:
             write_shard(out, shard, feats, rows, aux_rows)
             shard, feats, aux_rows, rows, offset = shard + 1, [], [], [], 0
