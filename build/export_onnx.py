@@ -5,7 +5,8 @@ stops the export with exit code 2 and the config.json field and value that are n
 
 By default every decoder of the model repository (the EAGLE head too when the repository has one), into
 `<model>/1/onnx/decoder.onnx`: where the onnxruntime runtime looks first (it exports there itself on first
-load when the file is missing or stale, so this is only ahead-of-time work). With --check, onnxruntime runs
+load when the file is missing or stale, so this is only ahead-of-time work), and the 8-bit graph beside it of
+a model whose config.pbtxt asks for `weight_quantization`. With --check, onnxruntime runs
 the export against the torch runtime on a real prompt and prints max |logit difference| and argmax
 agreement. Usage:
 
@@ -23,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from specdec.checkpoint import UnsupportedCheckpoint, read_spec
 from specdec.runtime.graph_contract import ONNX_FILE
-from specdec.runtime.onnx_llama import export_is_current
+from specdec.runtime.onnx_llama import export_is_current, resolve_onnx
 from specdec.runtime.step_graph import DTYPES, export_decoder
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -48,6 +49,19 @@ def check_export(model_dir: Path, onnx_path: Path) -> tuple[float, float]:
     expected = TorchLlamaRuntime(model_dir, num_slots=1, max_length=len(ids), num_threads=1).forward(item)[0]
     got = OnnxLlamaRuntime(model_dir, num_slots=1, max_length=len(ids), onnx_path=onnx_path).forward(item)[0]
     return logit_parity(expected, got)
+
+
+def configured_quantization(model_dir: Path) -> str | None:
+    """The `weight_quantization` parameter of the config.pbtxt above a repository model's version folder."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    config_file = model_dir.parent / "config.pbtxt"
+    if not config_file.is_file():
+        return None
+    config = text_format.Parse(config_file.read_text(), mc.ModelConfig())
+    parameter = config.parameters.get("weight_quantization")
+    return parameter.string_value if parameter is not None and parameter.string_value else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
             export_decoder(model_dir, out, dtype=args.dtype)
             print(f"{out}: exported from {model_dir} ({families[model_dir]}, {args.dtype}, "
                   f"{out.stat().st_size / 2**20:.1f} MiB, {time.perf_counter() - started:.1f} s)")
+        quantization = None if args.checkpoint else configured_quantization(model_dir)
+        if quantization:
+            print(f"{resolve_onnx(model_dir, out.parent, args.dtype, quantization)}: {quantization} weights, current")
         if args.check:
             if args.dtype != "float32":
                 parser.error("--check compares float32 exports")

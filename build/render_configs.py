@@ -18,6 +18,7 @@ import yaml
 from google.protobuf import text_format
 from specdec.generation import DEFAULT_PREFILL_CHUNK
 from specdec.kv_memory import DEFAULT_BLOCK_SIZE
+from specdec.runtime import check_weight_quantization
 from specdec.runtime.graph_contract import DEFAULT_PRECISION, PRECISIONS
 from specdec_triton import contract as c
 from tritonclient.grpc import model_config_pb2 as mc
@@ -119,6 +120,9 @@ def decoder_config(name: str, role: str, dep: dict) -> mc.ModelConfig:
         idle_timeout_s=kv["idle_timeout_s"],
         num_threads=model.get("num_threads", 1),
     )
+    if model.get("weight_quantization"):  # a drafter's 8-bit weights (docs/SPECULATION.md)
+        check_weight_quantization(role, runtime, model["weight_quantization"])
+        _params(cfg, weight_quantization=model["weight_quantization"])
     if runtime == "tensorrt" or "engine_dir" in model:  # tensorrt: where docker/entrypoint.sh puts the engines
         _params(cfg, engine_dir=model.get("engine_dir", "${SPECDEC_ENGINE_DIR}/" + name))
     return cfg

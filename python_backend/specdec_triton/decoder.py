@@ -15,7 +15,7 @@ from specdec.engines import DraftEngine, StepRequest, StepResult, TargetEngine
 from specdec.errors import InvalidRequestError
 from specdec.kv_memory import KVPoolConfig
 from specdec.metrics import KV_BLOCKS_IN_USE, KV_BYTES_IN_USE, KV_SLOTS_IN_USE, ProcessMetrics
-from specdec.runtime import build_runtime
+from specdec.runtime import build_runtime, check_weight_quantization
 from specdec.sampling import SamplingParams
 
 from specdec_triton import contract as c
@@ -86,11 +86,14 @@ class DecoderModel:
         if device == "cuda" and args.get("model_instance_kind") == "GPU":  # the GPU of this instance (`gpus`)
             device = f"cuda:{args['model_instance_device_id']}"
         pool = KVPoolConfig.from_json(params["kv_pool"], args["model_repository"]) if "kv_pool" in params else None
+        runtime_kind, quantization = params.get("runtime", "torch"), params.get("weight_quantization") or None
+        check_weight_quantization(params["role"], runtime_kind, quantization)
         runtime = build_runtime(
-            params.get("runtime", "torch"), model_dir(args), num_slots=int(params["num_slots"]),
+            runtime_kind, model_dir(args), num_slots=int(params["num_slots"]),
             max_length=int(params["max_length"]), device=device,
             num_threads=int(params.get("num_threads", 1)), engine_dir=params.get("engine_dir"),
             num_blocks=pool.num_blocks() if pool else None, block_size=pool.block_size if pool else None,
+            weight_quantization=quantization,
         )
         engine_class = DraftEngine if params["role"] in ("draft", "eagle") else TargetEngine
         self.engine = engine_class(runtime, idle_timeout_s=float(params["idle_timeout_s"]))

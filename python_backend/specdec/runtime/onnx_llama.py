@@ -5,6 +5,10 @@ checkpoint (same weights, graph version and dtype) or makes one, so a deployment
 Hugging Face checkpoint: the first load exports (about a second for the default pair) into
 `<model_dir>/onnx/` if that folder is writable, else into `$SPECDEC_ONNX_CACHE` (default
 `~/.cache/specdec/onnx/<fingerprint>`). `build/export_onnx.py` does the same ahead of time.
+
+A drafter's graph can be served with 8-bit weights (`weight_quantization="int8"`, made from the fp32 export
+beside it on first load, `decoder.int8.onnx`): its proposals are checked by the full-precision target, so
+outputs do not change, only how often a proposal is accepted (docs/SPECULATION.md, "An int8 EAGLE head").
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import numpy as np
 
 from specdec.checkpoint import read_spec
 from specdec.runtime.graph_contract import (
+    META_PREFIX,
     ONNX_FILE,
     OUTPUTS,
     checkpoint_fingerprint,
@@ -30,6 +35,10 @@ from specdec.runtime.graph_contract import (
 from specdec.runtime.graph_runtime import NUMPY_DTYPES, SlottedGraphRuntime
 
 log = logging.getLogger(__name__)
+
+# Weight quantizations of a step graph: name -> (bits, block size along a weight's input dimension).
+WEIGHT_QUANTIZATIONS = {"int8": (8, 32)}
+QUANTIZATION_KEY = "weight_quantization"  # in a quantized graph's specdec.* metadata
 
 
 @contextmanager
@@ -43,8 +52,10 @@ def _locked(folder: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def export_is_current(onnx_path: Path, model_dir: str | Path, dtype: str) -> bool:
-    """True when `onnx_path` was exported from this checkpoint, at this dtype, by this graph version."""
+def export_is_current(onnx_path: Path, model_dir: str | Path, dtype: str,
+                      weight_quantization: str | None = None) -> bool:
+    """True when `onnx_path` was exported from this checkpoint, at this dtype, by this graph version (and
+    quantized so, when `weight_quantization` is given)."""
     if not onnx_path.is_file():
         return False
     try:
@@ -52,7 +63,50 @@ def export_is_current(onnx_path: Path, model_dir: str | Path, dtype: str) -> boo
     except Exception:  # unreadable or truncated: rebuild
         return False
     wanted = graph_metadata(model_dir, dtype, int(found.get("max_positions", 0)))
-    return all(found.get(key) == value for key, value in wanted.items())
+    wanted[QUANTIZATION_KEY] = weight_quantization or ""
+    return all(found.get(key, "") == value for key, value in wanted.items())
+
+
+def onnx_file(weight_quantization: str | None) -> str:
+    """The file name of a step graph with these weights."""
+    return f"decoder.{weight_quantization}.onnx" if weight_quantization else ONNX_FILE
+
+
+def quantize_graph(source: Path, out_path: Path, weight_quantization: str) -> Path:
+    """Write `source` (an fp32 step graph) with block-wise quantized weights to `out_path` (atomically).
+
+    Every MatMul with a constant weight becomes onnxruntime's MatMulNBits (symmetric, a scale per block of
+    32 input rows) computed on int8 activations quantized per block too (`accuracy_level` 4: the VNNI / AMX
+    kernels). Block-wise activation scales are what keep an EAGLE head's fusion layer: its input puts a
+    token embedding beside unit-RMS feature blocks of far larger scale, and one activation scale per row
+    (onnxruntime's `quantize_dynamic`) left 0.23 of the head's proposals equal to fp32's (docs/SPECULATION.md).
+    Needs the `onnx_ir` package (at quantization only)."""
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+
+    if weight_quantization not in WEIGHT_QUANTIZATIONS:
+        raise ValueError(f"weight_quantization must be one of {', '.join(WEIGHT_QUANTIZATIONS)}, "
+                         f"not {weight_quantization!r}")
+    bits, block = WEIGHT_QUANTIZATIONS[weight_quantization]
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)  # a line a node
+    model = onnx.load(str(source))
+    provenance = [(prop.key, prop.value) for prop in model.metadata_props]  # the quantizer edits `model` in place
+    config = DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=True, accuracy_level=4, bits=bits)
+    quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=block, is_symmetric=True, accuracy_level=4,
+                                     algo_config=config)
+    quantizer.process()
+    quantized = quantizer.model.model
+    del quantized.metadata_props[:]
+    for key, value in provenance:
+        quantized.metadata_props.add(key=key, value=value)
+    quantized.metadata_props.add(key=META_PREFIX + QUANTIZATION_KEY, value=weight_quantization)
+    staged = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp")
+    try:
+        onnx.save_model(quantized, str(staged))
+        os.replace(staged, out_path)
+    finally:
+        staged.unlink(missing_ok=True)
+    return out_path
 
 
 def default_onnx_dirs(model_dir: str | Path) -> list[Path]:
@@ -61,24 +115,30 @@ def default_onnx_dirs(model_dir: str | Path) -> list[Path]:
     return [Path(model_dir) / "onnx", Path(cache_root) / checkpoint_fingerprint(model_dir)[:16]]
 
 
-def resolve_onnx(model_dir: str | Path, engine_dir: str | Path | None = None, dtype: str = "float32") -> Path:
-    """The path of a current export of `model_dir`, exporting it if needed.
+def resolve_onnx(model_dir: str | Path, engine_dir: str | Path | None = None, dtype: str = "float32",
+                 weight_quantization: str | None = None) -> Path:
+    """The path of a current export of `model_dir` (with `weight_quantization`, of its quantized graph),
+    exporting and quantizing it if needed.
 
     With `engine_dir` only that folder is used; otherwise the first writable of `default_onnx_dirs`."""
     folders = [Path(os.path.expandvars(str(engine_dir)))] if engine_dir else default_onnx_dirs(model_dir)
     errors = []
     for folder in folders:
-        path = folder / ONNX_FILE
-        if export_is_current(path, model_dir, dtype):
+        path = folder / onnx_file(weight_quantization)
+        if export_is_current(path, model_dir, dtype, weight_quantization):
             return path
         try:
             folder.mkdir(parents=True, exist_ok=True)
             with _locked(folder):
-                if not export_is_current(path, model_dir, dtype):  # another process may have just made it
-                    log.info("exporting %s to %s (%s)", model_dir, path, dtype)
+                source = folder / ONNX_FILE
+                if not export_is_current(source, model_dir, dtype):  # another process may have just made it
+                    log.info("exporting %s to %s (%s)", model_dir, source, dtype)
                     from specdec.runtime.step_graph import export_decoder  # torch, only when exporting
 
-                    export_decoder(model_dir, path, dtype=dtype)
+                    export_decoder(model_dir, source, dtype=dtype)
+                if weight_quantization and not export_is_current(path, model_dir, dtype, weight_quantization):
+                    log.info("quantizing %s to %s (%s weights)", source, path, weight_quantization)
+                    quantize_graph(source, path, weight_quantization)
             return path
         except OSError as exc:  # read-only model folder: try the next place
             errors.append(f"{folder}: {exc}")
@@ -101,6 +161,7 @@ class OnnxLlamaRuntime(SlottedGraphRuntime):
         max_step_tokens: int | None = None,
         num_blocks: int | None = None,
         block_size: int | None = None,
+        weight_quantization: str | None = None,
     ) -> None:
         import onnxruntime as ort
 
@@ -109,7 +170,11 @@ class OnnxLlamaRuntime(SlottedGraphRuntime):
         spec = read_spec(model_dir)
         max_length = spec.served_length(max_length)
         super().__init__(spec, num_slots, max_length, NUMPY_DTYPES[dtype], "cpu", num_blocks, block_size)
-        self.onnx_path = Path(onnx_path) if onnx_path else resolve_onnx(model_dir, engine_dir, dtype)
+        if weight_quantization is not None and weight_quantization not in WEIGHT_QUANTIZATIONS:
+            raise ValueError(f"weight_quantization must be one of {', '.join(WEIGHT_QUANTIZATIONS)}, "
+                             f"not {weight_quantization!r}")
+        self.onnx_path = (Path(onnx_path) if onnx_path
+                          else resolve_onnx(model_dir, engine_dir, dtype, weight_quantization))
         self.max_batch, self.max_step_tokens = max_batch, max_step_tokens
         options = ort.SessionOptions()
         options.intra_op_num_threads = num_threads or 1
