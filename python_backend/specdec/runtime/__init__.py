@@ -53,8 +53,6 @@ def check_weight_quantization(role: str, runtime: str, weight_quantization: str 
         raise ValueError("weight_quantization applies to drafters only: the target's weights define the output")
     if runtime != "onnxruntime":
         raise ValueError(f"weight_quantization is an onnxruntime option, not {runtime}'s")
-    from specdec.runtime.onnx_llama import WEIGHT_QUANTIZATIONS
+    from specdec.runtime.onnx_llama import require_known
 
-    if weight_quantization not in WEIGHT_QUANTIZATIONS:
-        raise ValueError(f"weight_quantization must be one of {', '.join(WEIGHT_QUANTIZATIONS)}, "
-                         f"not {weight_quantization!r}")
+    require_known(weight_quantization)

@@ -67,6 +67,13 @@ def export_is_current(onnx_path: Path, model_dir: str | Path, dtype: str,
     return all(found.get(key, "") == value for key, value in wanted.items())
 
 
+def require_known(weight_quantization: str) -> None:
+    """Refuse a weight quantization this runtime does not make."""
+    if weight_quantization not in WEIGHT_QUANTIZATIONS:
+        raise ValueError(f"weight_quantization must be one of {', '.join(WEIGHT_QUANTIZATIONS)}, "
+                         f"not {weight_quantization!r}")
+
+
 def onnx_file(weight_quantization: str | None) -> str:
     """The file name of a step graph with these weights."""
     return f"decoder.{weight_quantization}.onnx" if weight_quantization else ONNX_FILE
@@ -84,9 +91,7 @@ def quantize_graph(source: Path, out_path: Path, weight_quantization: str) -> Pa
     import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
 
-    if weight_quantization not in WEIGHT_QUANTIZATIONS:
-        raise ValueError(f"weight_quantization must be one of {', '.join(WEIGHT_QUANTIZATIONS)}, "
-                         f"not {weight_quantization!r}")
+    require_known(weight_quantization)
     bits, block = WEIGHT_QUANTIZATIONS[weight_quantization]
     logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)  # a line a node
     model = onnx.load(str(source))
@@ -170,9 +175,8 @@ class OnnxLlamaRuntime(SlottedGraphRuntime):
         spec = read_spec(model_dir)
         max_length = spec.served_length(max_length)
         super().__init__(spec, num_slots, max_length, NUMPY_DTYPES[dtype], "cpu", num_blocks, block_size)
-        if weight_quantization is not None and weight_quantization not in WEIGHT_QUANTIZATIONS:
-            raise ValueError(f"weight_quantization must be one of {', '.join(WEIGHT_QUANTIZATIONS)}, "
-                             f"not {weight_quantization!r}")
+        if weight_quantization is not None:
+            require_known(weight_quantization)
         self.onnx_path = (Path(onnx_path) if onnx_path
                           else resolve_onnx(model_dir, engine_dir, dtype, weight_quantization))
         self.max_batch, self.max_step_tokens = max_batch, max_step_tokens
