@@ -18,6 +18,10 @@ everything between them on the GPU (no feature shards on disk):
    both of its answers (only greedy ones are scored); none of them is trained on. The best held-out head is
    written to ``--out`` as an installable folder whenever it improves, so a run stopped early leaves one.
 
+``--answers`` takes answers made beforehand (``build/target_answers.py`` on a CPU, in the background, to the
+same request files): they join the plan's answers as if made here, and the GPU answers only the rest, so its
+minutes go to training instead. An answer matches a plan entry by its request id and mode.
+
 Output in ``--out``: ``config.json``, ``eagle_layers.safetensors``, ``proposal_vocab.json`` (the head),
 ``summary.json`` (counts, rates, agreement at the start and of the best head), ``train_log.jsonl`` and
 ``answers.jsonl.gz`` (``build/target_answers.py``'s format: ``build/eagle_features.py`` can record them
@@ -78,6 +82,39 @@ def answer_plan(tokenizer, requests: list[dict], train_requests: list[dict], val
         return out
 
     return entries(requests, False, True) + entries(train_requests, False, False) + entries(requests, True, True)
+
+
+def answers_made_before(plan: list[dict], paths: list[Path]) -> list[dict]:
+    """The rows of ``paths`` (``build/target_answers.py``'s jsonl, or .gz) that answer an entry of ``plan``, as
+    ``answer`` returns them; the entries they answer are removed from ``plan`` (in place).
+
+    A row matches by its request's own id (as in the requests file) and its mode; an id that two request files
+    share is refused, since the row cannot say which it answers."""
+    by_key: dict[tuple[str, bool], dict] = {}
+    for entry in plan:
+        key = (entry["request"]["source_id"], entry["sampled"])
+        if key in by_key and by_key[key]["id"] != entry["id"]:
+            raise ValueError(f"request id {key[0]} is in two request files; --answers cannot tell them apart")
+        by_key[key] = entry
+    rows, answered = [], set()
+    for path in paths:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            for line in f:
+                try:
+                    row = json.loads(line)
+                except ValueError:  # a line cut short when its job was stopped
+                    continue
+                entry = by_key.get((row["id"], row["mode"] == "sampled"))
+                if entry is None or entry["id"] in answered or row["prompt_ids"] != entry["prompt_ids"]:
+                    continue
+                answered.add(entry["id"])
+                req = entry["request"]
+                rows.append({"id": entry["id"], "domain": req["domain"], "kind": req["kind"], "mode": row["mode"],
+                             "prompt_ids": entry["prompt_ids"], "answer_ids": row["answer_ids"],
+                             "held_out": entry["held_out"]})
+    plan[:] = [entry for entry in plan if entry["id"] not in answered]
+    return rows
 
 
 @torch.inference_mode()
@@ -261,6 +298,17 @@ def _lr(step: int, total: int | None, args) -> float:
 
 # ----------------------------------------------------------------------------------------------------- main
 
+def read_requests(paths: list[Path]) -> list[dict]:
+    """Requests of every file, ids made unique across files as ``<file stem>/<id>`` (``source_id``: the id)."""
+    out = []
+    for path in paths:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                request = json.loads(line)
+                out.append({**request, "id": f"{path.stem}/{request['id']}", "source_id": request["id"]})
+    return out
+
+
 def write_answers(rows: list[dict], out: Path) -> None:
     with gzip.open(out / "answers.jsonl.gz", "wt", encoding="utf-8") as f:
         for row in rows:
@@ -279,6 +327,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="chat requests answered greedily and sampled, a share held out (repeatable)")
     ap.add_argument("--train-requests", type=Path, action="append", default=[],
                     help="requests answered greedily after --requests and only trained on (repeatable)")
+    ap.add_argument("--answers", type=Path, action="append", default=[],
+                    help="answers made beforehand to these requests (build/target_answers.py; repeatable)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--budget-seconds", type=float, default=470.0, help="the whole run, from the model's load")
     ap.add_argument("--answer-seconds", type=float, default=200.0)
@@ -317,18 +367,22 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(str(args.target))
     eos = GenerationConfig.from_pretrained(str(args.target)).eos_token_id
     eos_ids = list(eos) if isinstance(eos, list) else [eos]
-    read = lambda paths: [{**json.loads(line), "id": f"{p.stem}/{json.loads(line)['id']}"}  # noqa: E731
-                          for p in paths for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
-    plan = answer_plan(tokenizer, read(args.requests), read(args.train_requests), args.valid_frac, args.seed)
+    plan = answer_plan(tokenizer, read_requests(args.requests), read_requests(args.train_requests),
+                       args.valid_frac, args.seed)
+    made_before = answers_made_before(plan, args.answers)
     if args.limit:
         plan = plan[:args.limit]
     recorder = FeatureRecorder(args.target, aux_layers=aux_layers, device=args.device)
     log(f"plan: {len(plan)} answers; aux layers {list(aux_layers)}; device {device} "
         f"({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'})")
-    rows = answer(recorder.model, plan, eos_ids, recorder.pad_id, args.answer_batch,
-                  began + args.answer_seconds, args.seed, device, log)
+    if made_before:
+        log(f"{len(made_before)} answers made beforehand "
+            f"({sum(len(r['answer_ids']) for r in made_before):,} tokens); {len(plan)} left to answer")
+    rows = made_before + answer(recorder.model, plan, eos_ids, recorder.pad_id, args.answer_batch,
+                                began + args.answer_seconds, args.seed, device, log)
     write_answers(rows, args.out)
-    answered = {"answers": len(rows), "answer_tokens": sum(len(r["answer_ids"]) for r in rows),
+    answered = {"answers": len(rows), "made_before": len(made_before),
+                "answer_tokens": sum(len(r["answer_ids"]) for r in rows),
                 "seconds": round(time.monotonic() - began, 1),
                 "by_mode": {m: sum(r["mode"] == m for r in rows) for m in ("greedy", "sampled")},
                 "by_domain": {d: sum(r["domain"] == d for r in rows) for d in MAX_NEW_TOKENS}}

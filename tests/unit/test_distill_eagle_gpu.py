@@ -45,7 +45,8 @@ def tiny(tmp_path_factory) -> dict:
     LlamaForCausalLM(config).eval().save_pretrained(str(target))
     rng = random.Random(1)
     plan = [{"id": f"s/req-{i}" + ("/sampled" if i % 4 == 3 else ""), "sampled": i % 4 == 3, "held_out": i < 3,
-             "request": {"id": f"s/req-{i}", "domain": ("code", "json", "prose")[i % 3], "kind": "k"},
+             "request": {"id": f"s/req-{i}", "source_id": f"req-{i}", "domain": ("code", "json", "prose")[i % 3],
+                         "kind": "k"},
              "prompt_ids": [rng.randrange(3, VOCAB) for _ in range(rng.randrange(3, 30))]} for i in range(12)]
     return {"root": root, "target": target, "plan": plan}
 
@@ -83,6 +84,40 @@ def test_batched_left_padded_answers_are_the_targets_own_greedy_answers(tiny) ->
     # Cut off by the deadline: none answered, nothing fails.
     assert gpu.answer(model, tiny["plan"], [EOS], recorder.pad_id, 4, time.monotonic() - 1, 7,
                       torch.device("cpu")) == []
+
+
+def test_answers_made_beforehand_replace_their_plan_entries(tiny, tmp_path) -> None:
+    plan = [dict(entry) for entry in tiny["plan"]]
+    greedy, sampled, other = plan[0], plan[3], plan[1]
+    made = tmp_path / "answers.jsonl"
+    lines = [
+        {"id": "req-0", "domain": "code", "kind": "k", "mode": "greedy", "prompt_ids": greedy["prompt_ids"],
+         "answer_ids": [5, 6, EOS]},
+        {"id": "req-3", "domain": "code", "kind": "k", "mode": "sampled", "prompt_ids": sampled["prompt_ids"],
+         "answer_ids": [7]},
+        {"id": "req-1", "domain": "json", "kind": "k", "mode": "greedy", "prompt_ids": [9, 9],  # another prompt
+         "answer_ids": [8]},
+        {"id": "req-999", "domain": "json", "kind": "k", "mode": "greedy", "prompt_ids": [4], "answer_ids": [4]},
+        {"id": "req-0", "domain": "code", "kind": "k", "mode": "sampled", "prompt_ids": greedy["prompt_ids"],
+         "answer_ids": [4]},  # req-0 has no sampled entry in the plan
+    ]
+    made.write_text("\n".join(json.dumps(line) for line in lines) + '\n{"id": "req-2", "mo', encoding="utf-8")
+    rows = gpu.answers_made_before(plan, [made])
+    assert [(r["id"], r["mode"], r["answer_ids"]) for r in rows] == [
+        (greedy["id"], "greedy", [5, 6, EOS]), (sampled["id"], "sampled", [7])]
+    assert rows[0]["held_out"] == greedy["held_out"] and rows[1]["held_out"] == sampled["held_out"]
+    assert greedy not in plan and sampled not in plan and other in plan and len(plan) == len(tiny["plan"]) - 2
+    twice = [*tiny["plan"], {**tiny["plan"][0], "id": "t/req-0"}]  # req-0 in two request files
+    with pytest.raises(ValueError, match="two request files"):
+        gpu.answers_made_before(twice, [made])
+
+
+def test_request_ids_are_made_unique_per_file(tmp_path) -> None:
+    first, second = tmp_path / "chat1.jsonl", tmp_path / "chat2.jsonl"
+    first.write_text('{"id": "code-1", "domain": "code"}\n\n', encoding="utf-8")
+    second.write_text('{"id": "code-1", "domain": "code"}\n', encoding="utf-8")
+    assert [(r["id"], r["source_id"]) for r in gpu.read_requests([first, second])] == [
+        ("chat1/code-1", "code-1"), ("chat2/code-1", "code-1")]
 
 
 def test_features_on_the_device_give_train_eagles_batches(tiny, tmp_path) -> None:
