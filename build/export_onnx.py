@@ -51,8 +51,8 @@ def check_export(model_dir: Path, onnx_path: Path) -> tuple[float, float]:
     return logit_parity(expected, got)
 
 
-def configured_quantization(model_dir: Path) -> str | None:
-    """The `weight_quantization` parameter of the config.pbtxt above a repository model's version folder."""
+def configured_parameter(model_dir: Path, key: str) -> str | None:
+    """A string parameter of the config.pbtxt above a repository model's version folder (None: not set)."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2 as mc
 
@@ -60,8 +60,13 @@ def configured_quantization(model_dir: Path) -> str | None:
     if not config_file.is_file():
         return None
     config = text_format.Parse(config_file.read_text(), mc.ModelConfig())
-    parameter = config.parameters.get("weight_quantization")
+    parameter = config.parameters.get(key)
     return parameter.string_value if parameter is not None and parameter.string_value else None
+
+
+def configured_quantization(model_dir: Path) -> str | None:
+    """The `weight_quantization` a repository model is served with."""
+    return configured_parameter(model_dir, "weight_quantization")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,12 +1,14 @@
 """How drafting choices change what one target call yields, without a server: greedy speculation in this
-process (the served runtimes, onnxruntime, one thread each) over the held-out chat requests, per drafter
+process (the served runtimes: onnxruntime with each model's `num_threads` and `weight_quantization` from its
+config.pbtxt) over the held-out chat requests, per drafter
 setting. For each it prints tokens per target call, rows verified per call, the head's forwards, prompt
 lookup's accepted / proposed tokens, and a speedup estimated from the costs measured in the same run (a
 least-squares fit of target time to rows verified, and of head time to its forwards). Outputs are checked
 equal across settings (greedy speculation is lossless).
 
 A setting is ``drafter:k[:lookup_length:min_ngram[:confidence]]``, e.g. ``eagle+ngram:4:12:2:0.5``; k
-``profile`` takes each task profile's length, confidence ``profile`` its draft_confidence
+``profile`` takes each task profile's length, a lookup length ending in ``a`` (``12a``) is adaptive up to it
+(no lookup fields: the profile's prompt_lookup), confidence ``profile`` its draft_confidence
 (model_repository/speculative_decoding/1/profiles.yaml); no confidence: chains of k. ``--confidence K`` instead
 drafts K tokens with the head per iteration and prints how often the first drafted token is accepted per band
 of the head's own probability for it, and how early stopping at a probability threshold would have done
@@ -36,6 +38,9 @@ from specdec.generation import GenerationRequest, GenerationStats, SpeculativeGe
 from specdec.inprocess import InProcessBackend  # noqa: E402
 from specdec.runtime import build_runtime  # noqa: E402
 from specdec.tokenizer import TextTokenizer  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from export_onnx import configured_parameter  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT / "client/specdec_client/prompts/bench_chat.json"
@@ -105,14 +110,27 @@ def generate(backend: RecordingBackend, prompt: list[int], max_tokens: int, sett
 def settings_of(spec: str, task: str = "text") -> SpeculationSettings:
     parts = spec.split(":")
     drafter = parts[0]
-    profile = SpeculationConfig.load(PROFILES).profiles[task]
+    config = SpeculationConfig.load(PROFILES)
+    profile = config.profiles[task]
     k = profile.min_length if parts[1] == "profile" else int(parts[1])
-    lookup = PromptLookup(int(parts[2]), int(parts[3])) if len(parts) >= 4 else PromptLookup()
+    lookup = config.prompt_lookup  # the profile's
+    if len(parts) >= 4:
+        length = parts[2]
+        lookup = PromptLookup(int(length.rstrip("a")), int(parts[3]), adaptive=length.endswith("a"))
     floor = 0.0
     if len(parts) >= 5:
         floor = profile.min_confidence if parts[4] == "profile" else float(parts[4])
     return SpeculationSettings("text", drafter, k, k, 1, "greedy", 0.7, explicit_length=True, prompt_lookup=lookup,
                                min_confidence=floor)
+
+
+def served_runtime(model_dir: Path):
+    """The onnxruntime decoder of a repository model with the threads and weights its config.pbtxt serves."""
+    threads = int(configured_parameter(model_dir, "num_threads") or 1)
+    quantization = configured_parameter(model_dir, "weight_quantization")
+    print(f"{model_dir.parent.name}: {threads} thread(s), weights {quantization or 'as exported'}", flush=True)
+    return build_runtime("onnxruntime", model_dir, 2, MAX_LENGTH, num_threads=threads,
+                         weight_quantization=quantization)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -124,10 +142,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     if not args.settings and not args.confidence:
         ap.error("name settings to compare, or --confidence K")
-    target = TargetEngine(build_runtime("onnxruntime", args.repository / "target_model/1", 2, MAX_LENGTH,
-                                        num_threads=1), 60)
-    head = DraftEngine(build_runtime("onnxruntime", args.repository / "eagle_draft/1", 2, MAX_LENGTH,
-                                     num_threads=1), 60)
+    target = TargetEngine(served_runtime(args.repository / "target_model/1"), 60)
+    head = DraftEngine(served_runtime(args.repository / "eagle_draft/1"), 60)
     tokenizer = TextTokenizer(args.repository / "target_model/1")
     scenarios = json.loads(PROMPTS.read_text(encoding="utf-8"))["scenarios"]
     report: dict = {}

@@ -87,6 +87,17 @@ class AcceptanceEstimate:
         return self.successes / (self.successes + self.failures)
 
 
+def choose_lookup_length(acceptance: float, longest: int, costs: CostModel) -> int:
+    """How many tokens prompt lookup proposes (1 .. `longest`): the most expected tokens per second of
+    verification, a lookup costing no draft call. Each row it adds costs a little target time, so a sequence
+    whose lookups are seldom right proposes short ones and one that copies long spans proposes long ones."""
+    if longest <= 1:
+        return max(longest, 0)
+    scale = costs.target_step_s
+    return max(range(1, longest + 1),
+               key=lambda k: expected_tokens(acceptance, k) / costs.target.predict(1 + k, scale))
+
+
 def choose_length(acceptance: float, lo: int, hi: int, candidates: int, costs: CostModel) -> int:
     """The k in [lo, hi] with the most expected tokens per second."""
     return max(range(lo, hi + 1),

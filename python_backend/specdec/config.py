@@ -123,9 +123,12 @@ class SpeculationConfig:
             profiles[task] = TaskProfile(lo, hi, default_candidates, drafter, mode, floor)
         fb = spec.get("fallback", {})
         pl = spec.get("prompt_lookup", {})
+        adaptive = pl.get("adaptive", False)
+        if not isinstance(adaptive, bool):
+            raise ValueError(f"prompt_lookup.adaptive must be true or false, got {adaptive!r}")
         lookup = PromptLookup(length=int(pl.get("length", PromptLookup.length)),
                               min_ngram=int(pl.get("min_ngram", PromptLookup.min_ngram)),
-                              max_ngram=int(pl.get("max_ngram", MAX_NGRAM)))
+                              max_ngram=int(pl.get("max_ngram", MAX_NGRAM)), adaptive=adaptive)
         return cls(
             profiles=profiles,
             high_precision_candidates=int(candidates.get("high_precision", 5)),

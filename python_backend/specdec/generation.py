@@ -32,7 +32,7 @@ from typing import Protocol
 import numpy as np
 
 from specdec.acceptance import Verdict, greedy_verify, typical_verify
-from specdec.adaptive import AcceptanceEstimate, CostModel, choose_length
+from specdec.adaptive import AcceptanceEstimate, CostModel, choose_length, choose_lookup_length
 from specdec.config import SpeculationSettings, model_drafter_of, uses_lookup
 from specdec.drafting.base import Proposal
 from specdec.drafting.draft_model import DraftModelDrafter
@@ -191,6 +191,7 @@ class _Run:
         self.rng = make_rng(self.sampling.seed, 0)
         self.need_target_logits = not self.sampling.greedy or self.settings.acceptance != "greedy"
         self.estimate = AcceptanceEstimate()
+        self.lookup_estimate = AcceptanceEstimate()  # prompt lookup's own, in front of a model drafter
         self.monitor = gen.monitors.get(self.settings.task)
         self.speculate = self.settings.enabled
         # The drafter that keeps a KV slot: the draft model, or the EAGLE head (which also needs the target's
@@ -317,6 +318,7 @@ class _Run:
         if not from_model:
             self.stats.lookup_draft_tokens += proposal.depth
             self.stats.lookup_accepted_tokens += verdict.accepted
+            self.lookup_estimate.observe(verdict.accepted, proposal.depth)
         # The adaptive length and the fallback judge the profile's drafter: with lookup in front of a model
         # drafter, the model's proposals (lookup costs no model call and keeps proposing while fallen back).
         if from_model or self.model_drafter is None:
@@ -355,10 +357,17 @@ class _Run:
         # A tree holds k x candidates nodes.
         return min(k, self._length_cap() // max(s.num_candidates, 1))
 
+    def _lookup_length(self) -> int:
+        """Prompt lookup's most tokens this iteration, in front of a model drafter (adaptive: PromptLookup)."""
+        longest = min(self.lookup_length, self._length_cap())
+        if not self.settings.prompt_lookup.adaptive:
+            return longest
+        return choose_lookup_length(self.lookup_estimate.rate, longest, self.gen.costs)
+
     async def _propose(self) -> tuple[Proposal | None, bool]:
         """This iteration's proposal (None: a plain step) and whether the model drafter made it."""
         if self.lookup is not None and self.model_drafter is not None and self.settings.enabled:
-            proposal = await self.lookup.propose(self.tokens, min(self.lookup_length, self._length_cap()))
+            proposal = await self.lookup.propose(self.tokens, self._lookup_length())
             if proposal is not None:
                 return proposal, False
         k = self._choose_length()

@@ -38,9 +38,9 @@ def test_the_index_refuses_an_empty_range_of_ngrams():
 
 
 def generate(backend, drafter: str, k: int, prompt: list[int], candidates: int = 1, max_tokens: int = 48,
-             lookup_length: int = 6) -> tuple[list[int], GenerationStats]:
+             lookup_length: int = 6, adaptive: bool = False) -> tuple[list[int], GenerationStats]:
     settings = SpeculationSettings("text", drafter, k, k, candidates, "greedy", 0.7, explicit_length=True,
-                                   prompt_lookup=PromptLookup(length=lookup_length, min_ngram=1))
+                                   prompt_lookup=PromptLookup(length=lookup_length, min_ngram=1, adaptive=adaptive))
     generator = SpeculativeGenerator(backend, MAX_LENGTH)
     stats = GenerationStats()
 
@@ -96,6 +96,52 @@ def test_lookup_proposals_stop_at_max_tokens(backend, max_tokens, monkeypatch):
     assert all(generated + len(out) + 1 <= max_tokens for generated, out in proposals)
 
 
+def _recorded_lookups(monkeypatch) -> list[tuple[int, int]]:
+    """(k asked, tokens proposed) of every lookup from now on."""
+    asked: list[tuple[int, int]] = []
+    propose = NgramIndex.propose
+
+    def recording(self, tokens, k):
+        out = propose(self, tokens, k)
+        asked.append((k, len(out)))
+        return out
+
+    monkeypatch.setattr(NgramIndex, "propose", recording)
+    return asked
+
+
+@pytest.mark.parametrize("prompt", [REPEATING, [5, 17, 42, 8, 66, 3], [3, 4] * 12])
+def test_an_adaptive_lookup_length_stays_lossless_and_within_its_bound(backend, prompt, monkeypatch):
+    asked = _recorded_lookups(monkeypatch)
+    plain, _ = generate(backend, "model", 0, prompt, max_tokens=40)
+    got, stats = generate(backend, "model+ngram", 2, prompt, max_tokens=40, lookup_length=12, adaptive=True)
+    assert got == plain and stats.draft_failures == 0
+    assert asked and all(1 <= k <= 12 for k, _ in asked)
+    assert backend.target.slots_in_use == 0 and backend.draft.slots_in_use == 0
+
+
+def test_lookups_that_fail_get_shorter_and_copied_spans_get_longer():
+    from specdec.adaptive import AcceptanceEstimate, CostModel, choose_lookup_length
+
+    costs = CostModel()
+    for rows, seconds in ((1, 0.050), (4, 0.052), (8, 0.055), (13, 0.059)):  # ~1.5% of a step per row
+        costs.target.observe(rows, seconds)
+    wrong, copying = AcceptanceEstimate(), AcceptanceEstimate()
+    for _ in range(6):
+        wrong.observe(0, 12)
+        copying.observe(12, 12)
+    short = choose_lookup_length(wrong.rate, 12, costs)
+    long = choose_lookup_length(copying.rate, 12, costs)
+    assert 1 <= short <= 3 and long == 12
+    assert choose_lookup_length(copying.rate, 5, costs) == 5  # never past the bound (max_tokens, context)
+    assert choose_lookup_length(0.9, 0, costs) == 0
+    # Rows that cost nothing: the longest lookup whatever the rate.
+    free = CostModel()
+    for rows in (1, 13):
+        free.target.observe(rows, 0.05)
+    assert choose_lookup_length(0.3, 12, free) == 12
+
+
 def test_lookup_alone_keeps_its_k_and_needs_no_draft_model(backend):
     from specdec.inprocess import InProcessBackend
 
@@ -109,15 +155,18 @@ def test_lookup_alone_keeps_its_k_and_needs_no_draft_model(backend):
 def test_profiles_name_the_combined_drafters_and_their_lookup_options():
     config = SpeculationConfig.from_dict({
         "drafter": {"json": "eagle+ngram", "code": "model+ngram", "text": "ngram"},
-        "prompt_lookup": {"length": 9, "min_ngram": 3, "max_ngram": 4},
+        "prompt_lookup": {"length": 9, "min_ngram": 3, "max_ngram": 4, "adaptive": True},
     })
     assert [config.profiles[t].drafter for t in ("json", "code", "text")] == ["eagle+ngram", "model+ngram", "ngram"]
-    assert config.prompt_lookup == PromptLookup(9, 3, 4)
+    assert config.prompt_lookup == PromptLookup(9, 3, 4, adaptive=True)
     settings = resolve(config, "json", None, num_draft_tokens=None, num_candidates=None, acceptance=None,
                        verify_threshold=None, drafter=None, sampling=False)
     assert settings.drafter == "eagle+ngram" and settings.prompt_lookup.length == 9
     with pytest.raises(ValueError, match="prompt_lookup"):
         SpeculationConfig.from_dict({"prompt_lookup": {"length": 0}})
+    with pytest.raises(ValueError, match="adaptive"):
+        SpeculationConfig.from_dict({"prompt_lookup": {"adaptive": "yes"}})
+    assert not SpeculationConfig.from_dict({}).prompt_lookup.adaptive
 
 
 def test_without_the_head_eagle_with_lookup_becomes_the_draft_model_with_lookup():

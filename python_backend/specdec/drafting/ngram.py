@@ -21,11 +21,16 @@ MAX_NGRAM, MIN_NGRAM = 3, 1
 @dataclass(frozen=True)
 class PromptLookup:
     """Prompt lookup in front of a model drafter: up to `length` tokens after a match of a suffix of
-    `min_ngram` .. `max_ngram` tokens (shorter matches are too often wrong to pay for a long proposal)."""
+    `min_ngram` .. `max_ngram` tokens (shorter matches are too often wrong to pay for a long proposal).
+
+    `adaptive`: each sequence proposes the length, at most `length`, with the most expected tokens per second
+    from its own lookup acceptance so far and the measured cost of verification rows (specdec.adaptive);
+    otherwise always `length`."""
 
     length: int = 12
     min_ngram: int = 2
     max_ngram: int = MAX_NGRAM
+    adaptive: bool = False
 
     def __post_init__(self) -> None:
         if not (self.length >= 1 and 1 <= self.min_ngram <= self.max_ngram):
