@@ -57,9 +57,12 @@ class CostModel:
     def target_step_s(self) -> float:
         return self.target.means.get(1, 1.0)
 
-    def iteration_cost(self, k: int, candidates: int) -> float:
+    def iteration_cost(self, k: int, candidates: int, drafted: bool = True) -> float:
+        """Predicted seconds of proposing k tokens (a model drafter's call unless not `drafted`: prompt lookup)
+        and verifying them."""
         scale = self.target_step_s
-        return self.draft.predict(k, scale) + self.target.predict(1 + candidates * k, scale)
+        draft = self.draft.predict(k, scale) if drafted else 0.0
+        return draft + self.target.predict(1 + candidates * k, scale)
 
 
 def expected_tokens(acceptance: float, k: int, candidates: int = 1) -> float:
@@ -88,17 +91,14 @@ class AcceptanceEstimate:
 
 
 def choose_lookup_length(acceptance: float, longest: int, costs: CostModel) -> int:
-    """How many tokens prompt lookup proposes (1 .. `longest`): the most expected tokens per second of
-    verification, a lookup costing no draft call. Each row it adds costs a little target time, so a sequence
-    whose lookups are seldom right proposes short ones and one that copies long spans proposes long ones."""
-    if longest <= 1:
-        return max(longest, 0)
-    scale = costs.target_step_s
-    return max(range(1, longest + 1),
-               key=lambda k: expected_tokens(acceptance, k) / costs.target.predict(1 + k, scale))
+    """How many tokens prompt lookup proposes (1 .. `longest`): as `choose_length`, a lookup costing no draft
+    call. Each row it adds costs a little target time, so a sequence whose lookups are seldom right proposes
+    short ones and one that copies long spans proposes long ones."""
+    return choose_length(acceptance, 1, longest, 1, costs, drafted=False) if longest >= 1 else 0
 
 
-def choose_length(acceptance: float, lo: int, hi: int, candidates: int, costs: CostModel) -> int:
+def choose_length(acceptance: float, lo: int, hi: int, candidates: int, costs: CostModel,
+                  drafted: bool = True) -> int:
     """The k in [lo, hi] with the most expected tokens per second."""
-    return max(range(lo, hi + 1),
-               key=lambda k: expected_tokens(acceptance, k, candidates) / costs.iteration_cost(k, candidates))
+    return max(range(lo, hi + 1), key=lambda k: expected_tokens(acceptance, k, candidates)
+               / costs.iteration_cost(k, candidates, drafted))

@@ -191,7 +191,7 @@ class _Run:
         self.rng = make_rng(self.sampling.seed, 0)
         self.need_target_logits = not self.sampling.greedy or self.settings.acceptance != "greedy"
         self.estimate = AcceptanceEstimate()
-        self.lookup_estimate = AcceptanceEstimate()  # prompt lookup's own, in front of a model drafter
+        self.lookup_estimate = AcceptanceEstimate()  # prompt lookup's own acceptance: its adaptive length
         self.monitor = gen.monitors.get(self.settings.task)
         self.speculate = self.settings.enabled
         # The drafter that keeps a KV slot: the draft model, or the EAGLE head (which also needs the target's
