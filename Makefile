@@ -22,8 +22,12 @@ setup:
 onnx-exports: setup
 	@$(PY) build/export_onnx.py --model-repository $(MODEL_REPOSITORY)
 
+# --lean: only the drafter models the task profiles draft with are loaded (the default profiles use the EAGLE head,
+# so the standalone draft model, ~10% of the serving memory, stays out); SERVE_ARGS= loads every model, for
+# requests that name another drafter (`drafter: model`).
+SERVE_ARGS ?= --lean
 serve: setup onnx-exports
-	@exec $(PY) -m specdec_client.server --model-repository $(MODEL_REPOSITORY)
+	@exec $(PY) -m specdec_client.server --model-repository $(MODEL_REPOSITORY) $(SERVE_ARGS)
 
 test: setup onnx-exports
 	$(PY) -m pytest -q tests

@@ -24,10 +24,11 @@ from specdec_triton import contract as c
 from tritonclient.grpc import model_config_pb2 as mc
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# decoder model name -> role. eagle_draft is optional: a repository without it (made by
-# build/import_checkpoint.py for other checkpoints) serves the other drafters.
+# decoder model name -> role. The drafter models are optional: a repository without eagle_draft (made by
+# build/import_checkpoint.py for other checkpoints) serves the other drafters, and one without draft_model
+# (a deployment that drafts only with the EAGLE head, to save that process's memory) serves the head's.
 DECODERS = {"target_model": "target", "draft_model": "draft", "eagle_draft": "eagle"}
-OPTIONAL_DECODERS = ("eagle_draft",)
+OPTIONAL_DECODERS = ("draft_model", "eagle_draft")
 DECODER_INPUTS = {"target": c.DECODER_INPUTS, "draft": c.DRAFT_INPUTS, "eagle": c.EAGLE_INPUTS}
 RUNTIME_KINDS = {"torch": ("KIND_CPU", "KIND_GPU"), "onnxruntime": ("KIND_CPU",), "tensorrt": ("KIND_GPU",)}
 HEADER = "# Rendered by build/render_configs.py from {source}; edit that file, not this one.\n"
@@ -237,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         path = args.out / name / "config.pbtxt"
         if name in OPTIONAL_DECODERS and not (args.out / name / "1" / "model.py").is_file():
             print(f"skipped {name}: {args.out / name} holds no model (optional)")
-            continue  # a repository made for other checkpoints has no EAGLE head: Triton must not load one
+            continue  # a drafter model left out of this repository: Triton must not load one
         if args.check:
             if not path.exists() or path.read_text() != text:
                 stale.append(str(path))

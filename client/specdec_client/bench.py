@@ -58,6 +58,7 @@ TARGET_SPEEDUP = {"json": 3.0, "code": 2.5, "prose": 2.0}  # the real-model issu
 TARGET_OVER_HF_ASSISTED = 1.5
 TARGET_BOUND_FRACTION = 0.9
 TARGET_MEMORY_OVERHEAD = 0.15  # the real-model issue: speculation costs at most 15% more memory
+DRAFTER_MODELS = ("draft_model", "eagle_draft")  # the decoders that only speculation needs
 
 
 @dataclass
@@ -307,15 +308,15 @@ def gpu_memory(server: TritonServer) -> dict[str, Any] | None:
 
 
 def server_memory(metrics: Scrape, server: TritonServer | None) -> dict[str, Any]:
-    """Memory cost of speculation: the drafters' processes' USS over the rest of the serving footprint (the
-    draft model's alone as `overhead_fraction`; with the EAGLE head, each drafter's and both together)."""
+    """Memory cost of speculation: the loaded drafter processes' USS (what unloading them frees) over the rest
+    of the serving footprint, together as `overhead_fraction` (what this deployment pays) and each alone (what
+    a repository holding only that drafter model pays)."""
     per_model = {}
-    for model in ("target_model", "draft_model", "eagle_draft", "speculative_decoding"):
+    for model in ("target_model", *DRAFTER_MODELS, "speculative_decoding"):
         per_model[model] = {kind: metrics.total(f"specdec_{kind}_memory_bytes", model=model)
                             for kind in ("resident", "proportional", "unique")}
         per_model[model]["kv_cache_bytes"] = metrics.total("specdec_kv_cache_bytes", model=model)
     out: dict[str, Any] = {"per_model": per_model}
-    draft_uss = per_model["draft_model"]["unique"]
     if server is not None and server.process is not None:
         import psutil
 
@@ -331,17 +332,14 @@ def server_memory(metrics: Scrape, server: TritonServer | None) -> dict[str, Any
     else:
         total = sum(v["proportional"] for v in per_model.values())
         out["footprint_source"] = "PSS of the processes that report specdec_* memory (target, draft, speculative)"
-    eagle_uss = per_model["eagle_draft"]["unique"]
+    drafters = {model: per_model[model]["unique"] for model in DRAFTER_MODELS if per_model[model]["unique"] > 0}
+    without = total - sum(drafters.values())
     out["footprint_bytes"] = total
-    out["draft_uss_bytes"] = draft_uss
-    both = draft_uss + eagle_uss
-    # Each drafter over the footprint without any drafter: what serving with only that one costs.
-    out["overhead_fraction"] = draft_uss / (total - both) if total > both and draft_uss > 0 else None
-    if eagle_uss:
-        out["eagle_uss_bytes"] = eagle_uss
-        out["eagle_overhead_fraction"] = eagle_uss / (total - both)
-        out["both_drafters_overhead_fraction"] = both / (total - both)
-    kv_t, kv_d = per_model["target_model"]["kv_cache_bytes"], per_model["draft_model"]["kv_cache_bytes"]
+    out["drafters_loaded"] = sorted(drafters)
+    out["overhead_fraction"] = sum(drafters.values()) / without if drafters and without > 0 else None
+    out["overhead_fraction_each"] = {model: uss / without for model, uss in drafters.items()} if without > 0 else {}
+    kv_t = per_model["target_model"]["kv_cache_bytes"]
+    kv_d = sum(per_model[model]["kv_cache_bytes"] for model in drafters)
     out["kv_cache_overhead_fraction"] = kv_d / kv_t if kv_t else None
     if server is not None and gpu_names():
         out["gpu"] = gpu_memory(server)
@@ -489,11 +487,17 @@ def markdown(results: dict[str, Any]) -> str:
     memory = results.get("memory")
     if memory:
         pm = memory["per_model"]
+        loaded = memory.get("drafters_loaded") or []
+        each = memory.get("overhead_fraction_each") or {}
         lines += ["", "## Memory", "",
-                  f"Draft model process USS {pm['draft_model']['unique'] / 2**20:.0f} MiB over a serving footprint of "
-                  f"{memory['footprint_bytes'] / 2**20:.0f} MiB without it ({memory['footprint_source']}): overhead "
-                  f"**{_fmt(memory['overhead_fraction'], 100)}%** (target ≤ {TARGET_MEMORY_OVERHEAD:.0%}). KV cache: "
-                  f"draft {pm['draft_model']['kv_cache_bytes'] / 2**20:.0f} MiB vs target "
+                  f"The drafter processes loaded ({', '.join(loaded) or 'none'}): USS "
+                  f"{sum(pm[m]['unique'] for m in loaded) / 2**20:.0f} MiB over a serving footprint of "
+                  f"{(memory['footprint_bytes'] - sum(pm[m]['unique'] for m in loaded)) / 2**20:.0f} MiB without them "
+                  f"({memory['footprint_source']}): overhead **{_fmt(memory['overhead_fraction'], 100)}%** (target ≤ "
+                  f"{TARGET_MEMORY_OVERHEAD:.0%})"
+                  + ("; each alone (a repository holding only that drafter model): "
+                     + ", ".join(f"{m} {_fmt(f, 100)}%" for m, f in each.items()) if len(each) > 1 else "")
+                  + f". KV cache: drafters {sum(pm[m]['kv_cache_bytes'] for m in loaded) / 2**20:.0f} MiB vs target "
                   f"{pm['target_model']['kv_cache_bytes'] / 2**20:.0f} MiB "
                   f"({_fmt(memory['kv_cache_overhead_fraction'], 100)}%).", "",
                   "| process | RSS MiB | PSS MiB | USS MiB | KV cache MiB |", "|---|---:|---:|---:|---:|"]

@@ -17,10 +17,12 @@ import importlib.util
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -349,6 +351,41 @@ def answer_first_request(server: TritonServer, max_tokens: int = 96) -> None:
           f"tokens/s, acceptance {stats.get('acceptance_rate', 0):.2f}]", flush=True)
 
 
+DRAFTER_MODELS = ("draft_model", "eagle_draft")  # models only speculation needs; a deployment may leave one out
+DRAFTER_MODEL_OF = {"model": "draft_model", "eagle": "eagle_draft"}  # a profile's model drafter -> its model
+
+
+def repository_without(repository: Path, leave_out: list[str], dest: Path) -> Path:
+    """`dest` made a model repository of links to `repository`'s model folders less the drafter models in
+    `leave_out`: each drafter model loaded costs its process's memory (about 10% of the serving footprint with
+    the default pair, docs/BENCHMARKS.md), and the speculation stage serves the drafters whose models it finds."""
+    unknown = sorted(set(leave_out) - set(DRAFTER_MODELS))
+    if unknown:
+        raise ValueError(f"only drafter models can be left out ({', '.join(DRAFTER_MODELS)}), not {', '.join(unknown)}")
+    dest.mkdir(parents=True, exist_ok=True)
+    for folder in sorted(repository.iterdir()):
+        if (folder / "config.pbtxt").is_file() and folder.name not in leave_out:
+            (dest / folder.name).symlink_to(folder.resolve(), target_is_directory=True)
+    return dest
+
+
+def drafter_models_unused(repository: Path) -> list[str]:
+    """The drafter models of `repository` that no task profile drafts with (profiles.yaml's `drafter`, e.g.
+    `eagle+ngram` uses eagle_draft): what `--lean` leaves out. Requests that name another drafter then get an
+    error saying it is not served here."""
+    import yaml
+
+    profiles = yaml.safe_load((repository / "speculative_decoding" / "1" / "profiles.yaml").read_text())
+    drafters = profiles.get("speculative_decoding", profiles).get("drafter", "model")
+    named = set(drafters.values()) if isinstance(drafters, dict) else {drafters}
+    used = {DRAFTER_MODEL_OF[name.removesuffix("+ngram")] for name in named if name.removesuffix("+ngram") in
+            DRAFTER_MODEL_OF}
+    present = [model for model in DRAFTER_MODELS if (repository / model / "1" / "config.json").is_file()]
+    if used and not used & set(present):  # the profiles' drafter model is absent: they draft with the one there is
+        used = set(present[:1])
+    return [model for model in present if model not in used]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Serve the specdec-triton model repository on loopback.")
     parser.add_argument("--model-repository", type=Path, default=DEFAULT_MODEL_REPOSITORY)
@@ -361,9 +398,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-verbose", type=int, default=0)
     parser.add_argument("--no-first-request", dest="first_request", action="store_false",
                         help="do not send the chat request that shows the server answering once READY")
+    parser.add_argument("--leave-out", action="append", default=[], choices=DRAFTER_MODELS,
+                        help="do not load this drafter model (repeatable): the default profiles draft with the "
+                             "EAGLE head, so `--leave-out draft_model` saves the draft model's process")
+    parser.add_argument("--lean", action="store_true",
+                        help="leave out the drafter models no task profile drafts with (the default repository: "
+                             "the standalone draft model, as the profiles draft with the EAGLE head)")
     args = parser.parse_args(argv)
+    repository = args.model_repository.resolve()
+    if args.lean:
+        args.leave_out = sorted({*args.leave_out, *drafter_models_unused(repository)})
+    lean = None
+    if args.leave_out:
+        lean = Path(tempfile.mkdtemp(prefix="specdec-repository-"))
+        repository = repository_without(repository, args.leave_out, lean / "model_repository")
+        print(f"serving {args.model_repository} without {', '.join(args.leave_out)} (links in {repository})")
     server = TritonServer(
-        model_repository=args.model_repository.resolve(),
+        model_repository=repository,
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
@@ -423,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
         if openai is not None:
             openai.stop()
         server.stop()
+        if lean is not None:
+            shutil.rmtree(lean, ignore_errors=True)  # links only: the models stay where they are
 
 
 if __name__ == "__main__":

@@ -49,9 +49,12 @@ def with_model_drafter(drafter: str, model: str) -> str:
     return model + (LOOKUP_SUFFIX if uses_lookup(drafter) else "")
 
 
-def drafters_served(eagle_head: bool) -> tuple[str, ...]:
-    """The drafter names a deployment can honour: all of them, less the EAGLE head's where it has none."""
-    return tuple(d for d in DRAFTERS if eagle_head or model_drafter_of(d) != "eagle")
+def drafters_served(eagle_head: bool, draft_model: bool = True) -> tuple[str, ...]:
+    """The drafter names a deployment can honour: all of them, less those of a drafter model it does not
+    load (a repository made for other checkpoints has no EAGLE head; one that serves only the head leaves the
+    standalone draft model out, which saves that process's memory)."""
+    loaded = {"eagle": eagle_head, "model": draft_model}
+    return tuple(d for d in DRAFTERS if loaded.get(model_drafter_of(d), True))
 
 
 @dataclass(frozen=True)
@@ -91,11 +94,16 @@ class SpeculationConfig:
 
     def serving(self, served_drafters: tuple[str, ...]) -> SpeculationConfig:
         """This config for a deployment that serves only `served_drafters`: a profile whose drafter is not
-        served (the EAGLE head is absent from a repository made for other checkpoints) drafts with the draft
-        model instead."""
-        profiles = {task: profile if profile.drafter in served_drafters
-                    else replace(profile, drafter=with_model_drafter(profile.drafter, "model"))
-                    for task, profile in self.profiles.items()}
+        served drafts with the other drafter model (the draft model where the EAGLE head is absent, and the
+        reverse), or by prompt lookup alone where neither is loaded."""
+        def served(drafter: str) -> str:
+            for model in (model_drafter_of(drafter), *MODEL_DRAFTERS):
+                candidate = with_model_drafter(drafter, model) if model else drafter
+                if candidate in served_drafters:
+                    return candidate
+            return "ngram"
+
+        profiles = {task: replace(profile, drafter=served(profile.drafter)) for task, profile in self.profiles.items()}
         return replace(self, profiles=profiles, served_drafters=served_drafters)
 
     @classmethod

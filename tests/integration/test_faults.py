@@ -12,7 +12,6 @@ backpressure (UNAVAILABLE), "internal error" for a failing model (INTERNAL).
 from __future__ import annotations
 
 import concurrent.futures
-import importlib.util
 import os
 import queue
 import signal
@@ -22,8 +21,8 @@ from pathlib import Path
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
-import yaml
-from google.protobuf import text_format
+from repositories import build_repository as build_test_repository
+from repositories import cpu_deployment
 from specdec_client import health
 from specdec_client.api import GenerationError, generate_grpc, grpc_inputs
 from specdec_client.server import ADMIN_KEY_HEADER, SHM_DIR, SHM_PREFIX, TritonServer, free_port, session_processes
@@ -60,32 +59,17 @@ class TritonPythonModel(DecoderModel):
 '''
 
 
-def render_module():
-    spec = importlib.util.spec_from_file_location("render_configs", REPO_ROOT / "build" / "render_configs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def build_repository(root: Path) -> Path:
-    """The committed models (files symlinked), configs rendered for SLOTS slots and short queues."""
-    deployment = yaml.safe_load((REPO_ROOT / "build" / "deployments" / "cpu.yaml").read_text())
+    """The test pair's models (files symlinked), configs rendered for SLOTS slots and short queues, and the
+    decoders' model.py replaced by the faulty one."""
+    deployment = cpu_deployment()
     deployment["kv_cache"]["num_slots"] = SLOTS
     deployment["admission"].update(max_queued_generations=QUEUED, queue_timeout_s=QUEUE_TIMEOUT_S)
-    render = render_module()
-    for name, config in render.render(deployment).items():
-        source = Path(os.environ["SPECDEC_TEST_MODEL_REPOSITORY"]) / name / "1"  # tests/conftest.py
-        if name in render.OPTIONAL_DECODERS and not source.is_dir():
-            continue  # the fixture pair has no EAGLE head
-        version = root / name / "1"
-        version.mkdir(parents=True)
-        (root / name / "config.pbtxt").write_text(text_format.MessageToString(config))
-        for item in source.iterdir():
-            if item.name != "__pycache__":
-                (version / item.name).symlink_to(item)
-        if name in ("target_model", "draft_model"):
-            (version / "model.py").unlink()
-            (version / "model.py").write_text(FAULTY_DECODER)
+    build_test_repository(root, deployment)
+    for name in ("target_model", "draft_model"):
+        model_py = root / name / "1" / "model.py"
+        model_py.unlink()
+        model_py.write_text(FAULTY_DECODER)
     return root
 
 

@@ -234,6 +234,7 @@ def test_the_deployment_budget_reaches_every_model_and_caps_the_context(tmp_path
     for name, layers in (("target_model", 30), ("draft_model", 1)):
         (tmp_path / name / "1").mkdir(parents=True)
         (tmp_path / name / "1" / "config.json").write_text(json.dumps({**smollm2, "num_hidden_layers": layers}))
+    (tmp_path / "speculative_decoding").mkdir()  # the drafter models are optional: found from a model's folder
     pool = KVPoolConfig.from_json(pools["target_model"], tmp_path / "speculative_decoding")
     assert pool.num_blocks() * pool.block_size == 16_912
     assert pool.served_context(8192) == 8192 and pool.served_context(None) == 8192

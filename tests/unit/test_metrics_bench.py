@@ -132,3 +132,29 @@ def test_gpu_memory_is_attributed_to_the_decoders_processes():
                                          "load_average": [1, 1, 1], "models": {}, "gpus": ["NVIDIA H200"]},
                              "cells": [], "derived": {}, "memory": memory})
     assert "GPU: NVIDIA H200" in report and "target_model 2150 MiB" in report and "**57%** of the target's" in report
+
+
+def test_memory_overhead_counts_every_loaded_drafter_and_each_alone():
+    class FakeScrape:
+        uss = {"target_model": 1800, "draft_model": 200, "eagle_draft": 210, "speculative_decoding": 60}
+
+        def total(self, name: str, model: str) -> float:
+            if name == "specdec_kv_cache_bytes":
+                return {"target_model": 720, "draft_model": 24, "eagle_draft": 24}.get(model, 0) * 2**20
+            return self.uss[model] * 2**20 * (1.02 if "proportional" in name else 1.0)
+
+    memory = bench.server_memory(FakeScrape(), server=None)
+    assert memory["drafters_loaded"] == ["draft_model", "eagle_draft"]
+    footprint = sum(FakeScrape.uss.values()) * 1.02  # PSS of the reporting processes
+    assert memory["overhead_fraction"] == pytest.approx(410 / (footprint - 410))
+    assert memory["overhead_fraction_each"]["eagle_draft"] == pytest.approx(210 / (footprint - 410))
+    report = bench.markdown({"machine": {"time_utc": "t", "git_commit": "c", "cpu": "cpu", "cores": 2,
+                                         "load_average": [1, 1, 1], "models": {}},
+                             "cells": [], "derived": {}, "memory": memory})
+    assert "The drafter processes loaded (draft_model, eagle_draft)" in report
+    assert "each alone (a repository holding only that drafter model): draft_model" in report
+
+    FakeScrape.uss = {**FakeScrape.uss, "draft_model": 0}  # a repository that left the draft model out
+    alone = bench.server_memory(FakeScrape(), server=None)
+    assert alone["drafters_loaded"] == ["eagle_draft"]
+    assert alone["overhead_fraction"] == pytest.approx(alone["overhead_fraction_each"]["eagle_draft"])

@@ -178,3 +178,18 @@ def test_without_the_head_eagle_with_lookup_becomes_the_draft_model_with_lookup(
             resolve(served, "json", None, num_draft_tokens=None, num_candidates=None, acceptance=None,
                     verify_threshold=None, drafter=name, sampling=False)
     assert set(drafters_served(eagle_head=True)) == {"model", "eagle", "ngram", "model+ngram", "eagle+ngram"}
+
+
+def test_without_the_draft_model_model_drafters_become_the_head_and_model_requests_are_refused():
+    config = SpeculationConfig.from_dict({"drafter": {"json": "model+ngram", "code": "model", "text": "eagle+ngram"}})
+    served = config.serving(drafters_served(eagle_head=True, draft_model=False))
+    assert set(served.served_drafters) == {"eagle", "ngram", "eagle+ngram"}
+    assert [served.profiles[t].drafter for t in ("json", "code", "text")] == ["eagle+ngram", "eagle", "eagle+ngram"]
+    for name in ("model", "model+ngram"):
+        with pytest.raises(InvalidRequestError, match="not served here"):
+            resolve(served, "json", None, num_draft_tokens=None, num_candidates=None, acceptance=None,
+                    verify_threshold=None, drafter=name, sampling=False)
+    # Neither drafter model loaded: every profile drafts by prompt lookup alone.
+    lookup_only = config.serving(drafters_served(eagle_head=False, draft_model=False))
+    assert lookup_only.served_drafters == ("ngram",)
+    assert {profile.drafter for profile in lookup_only.profiles.values()} == {"ngram"}

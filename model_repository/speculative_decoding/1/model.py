@@ -88,9 +88,11 @@ class TritonPythonModel:
             exclude_input_in_output=params.get("default_exclude_input_in_output", "false").lower() == "true",
         )
         self.speculation = SpeculationConfig.load(model_dir(args) / params["profiles_file"])
-        # The EAGLE head is served when the repository holds its checkpoint (an imported pair has none).
-        eagle_head = Path(args["model_repository"]).parent / MODEL_NAMES["eagle"] / "1" / "config.json"
-        self.speculation = self.speculation.serving(drafters_served(eagle_head.is_file()))
+        # A drafter model is served when the repository holds its checkpoint: an imported pair has no EAGLE
+        # head, and a deployment that drafts only with the head can leave the draft model out (its memory).
+        repository = Path(args["model_repository"]).parent
+        loaded = {role: (repository / MODEL_NAMES[role] / "1" / "config.json").is_file() for role in ("eagle", "draft")}
+        self.speculation = self.speculation.serving(drafters_served(loaded["eagle"], loaded["draft"]))
         # Shared by this instance's requests: fallback state per task, and the measured call costs.
         monitors = {task: FallbackMonitor(task, self.speculation.fallback) for task in self.speculation.profiles}
         self.generator = SpeculativeGenerator(
