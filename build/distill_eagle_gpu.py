@@ -88,14 +88,14 @@ def answers_made_before(plan: list[dict], paths: list[Path]) -> list[dict]:
     """The rows of ``paths`` (``build/target_answers.py``'s jsonl, or .gz) that answer an entry of ``plan``, as
     ``answer`` returns them; the entries they answer are removed from ``plan`` (in place).
 
-    A row matches by its request's own id (as in the requests file) and its mode; an id that two request files
-    share is refused, since the row cannot say which it answers."""
-    by_key: dict[tuple[str, bool], dict] = {}
+    A row matches by its request's own id (as in the requests file), its mode and its prompt's token ids:
+    request files number their requests alike (``req-000001`` is in every file), so the id alone cannot say
+    which request a row answers. Entries of one id, mode and prompt are the same question; a row answers the
+    first of them not answered yet."""
+    by_key: dict[tuple, list[dict]] = {}
     for entry in plan:
-        key = (entry["request"]["source_id"], entry["sampled"])
-        if key in by_key and by_key[key]["id"] != entry["id"]:
-            raise ValueError(f"request id {key[0]} is in two request files; --answers cannot tell them apart")
-        by_key[key] = entry
+        key = (entry["request"]["source_id"], entry["sampled"], tuple(entry["prompt_ids"]))
+        by_key.setdefault(key, []).append(entry)
     rows, answered = [], set()
     for path in paths:
         opener = gzip.open if path.suffix == ".gz" else open
@@ -105,8 +105,9 @@ def answers_made_before(plan: list[dict], paths: list[Path]) -> list[dict]:
                     row = json.loads(line)
                 except ValueError:  # a line cut short when its job was stopped
                     continue
-                entry = by_key.get((row["id"], row["mode"] == "sampled"))
-                if entry is None or entry["id"] in answered or row["prompt_ids"] != entry["prompt_ids"]:
+                key = (row["id"], row["mode"] == "sampled", tuple(row["prompt_ids"]))
+                entry = next((e for e in by_key.get(key, []) if e["id"] not in answered), None)
+                if entry is None:
                     continue
                 answered.add(entry["id"])
                 req = entry["request"]

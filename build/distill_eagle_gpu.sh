@@ -24,6 +24,7 @@ ANSWER_BATCH=${ANSWER_BATCH:-1024} # sequences generated together
 ANSWERS=${ANSWERS:-}               # space-separated answer files made before (reused, not answered again)
 CAPACITY=${CAPACITY:-12000000}     # feature rows kept on the GPU (4.5 KiB each with the fused layers)
 INSTALL=${INSTALL:-1}
+EXTRA=${EXTRA:-}                   # more build/distill_eagle_gpu.py options, e.g. "--device cpu --tokens-per-batch 8192"
 
 source build/distill_common.sh
 DATA=data/chat REQUEST_SEED=2026 prepare_requests    # the corpora (and seed 2026's requests, as stage 1)
@@ -56,7 +57,7 @@ for file in $ANSWERS; do
 done
 "$PY" build/distill_eagle_gpu.py --requests "$DATA/chat$SEED.jsonl" "${train_requests[@]}" "${made_before[@]}" \
     --out "$RUN" --budget-seconds "$BUDGET" --answer-seconds "$ANSWER" --answer-batch "$ANSWER_BATCH" \
-    --capacity-tokens "$CAPACITY" --lr 4e-4 --seed "$SEED"
+    --capacity-tokens "$CAPACITY" --lr 4e-4 --seed "$SEED" $EXTRA
 
 if [ "$INSTALL" = 1 ]; then
     cp "$RUN/eagle_layers.safetensors" model_repository/eagle_draft/1/

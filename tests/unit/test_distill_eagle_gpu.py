@@ -107,9 +107,19 @@ def test_answers_made_beforehand_replace_their_plan_entries(tiny, tmp_path) -> N
         (greedy["id"], "greedy", [5, 6, EOS]), (sampled["id"], "sampled", [7])]
     assert rows[0]["held_out"] == greedy["held_out"] and rows[1]["held_out"] == sampled["held_out"]
     assert greedy not in plan and sampled not in plan and other in plan and len(plan) == len(tiny["plan"]) - 2
-    twice = [*tiny["plan"], {**tiny["plan"][0], "id": "t/req-0"}]  # req-0 in two request files
-    with pytest.raises(ValueError, match="two request files"):
-        gpu.answers_made_before(twice, [made])
+    # Every request file numbers its requests alike: req-0 of another file, another prompt, is not answered by
+    # the row; the same prompt in two files is answered once per row that answers it.
+    first = tiny["plan"][0]
+    other_file = {**first, "id": "t/req-0", "request": {**first["request"], "id": "t/req-0"}, "prompt_ids": [4, 4]}
+    same_prompt = {**first, "id": "u/req-0", "request": {**first["request"], "id": "u/req-0"}}
+    twice = [dict(first), other_file, same_prompt]
+    rows = gpu.answers_made_before(twice, [made])
+    assert [r["id"] for r in rows] == [first["id"]] and twice == [other_file, same_prompt]
+    made.write_text(json.dumps(lines[0]) + "\n" + json.dumps(lines[0]) + "\n", encoding="utf-8")
+    twice = [dict(first), other_file, same_prompt]
+    rows = gpu.answers_made_before(twice, [made])
+    assert [r["id"] for r in rows] == [first["id"], "u/req-0"] and twice == [other_file]
+    assert gpu.answers_made_before(twice, []) == [] and twice == [other_file]
 
 
 def test_request_ids_are_made_unique_per_file(tmp_path) -> None:
