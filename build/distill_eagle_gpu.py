@@ -88,14 +88,16 @@ def answers_made_before(plan: list[dict], paths: list[Path]) -> list[dict]:
     """The rows of ``paths`` (``build/target_answers.py``'s jsonl, or .gz) that answer an entry of ``plan``, as
     ``answer`` returns them; the entries they answer are removed from ``plan`` (in place).
 
-    A row matches by its request's own id (as in the requests file), its mode and its prompt's token ids:
-    request files number their requests alike (``req-000001`` is in every file), so the id alone cannot say
-    which request a row answers. Entries of one id, mode and prompt are the same question; a row answers the
-    first of them not answered yet."""
+    A row matches by its id, its mode and its prompt's token ids. Its id is the plan's (``<file stem>/<id>``,
+    as a run's own ``answers.jsonl.gz`` writes it) or the request's own (as ``build/target_answers.py`` writes
+    it): request files number their requests alike (``req-000001`` is in every file), so that id alone cannot
+    say which request a row answers. Entries of one id, mode and prompt are the same question; a row answers
+    the first of them not answered yet."""
     by_key: dict[tuple, list[dict]] = {}
     for entry in plan:
-        key = (entry["request"]["source_id"], entry["sampled"], tuple(entry["prompt_ids"]))
-        by_key.setdefault(key, []).append(entry)
+        prompt = tuple(entry["prompt_ids"])
+        by_key.setdefault((entry["request"]["id"], entry["sampled"], prompt), []).append(entry)
+        by_key.setdefault((entry["request"]["source_id"], entry["sampled"], prompt), []).append(entry)
     rows, answered = [], set()
     for path in paths:
         opener = gzip.open if path.suffix == ".gz" else open
@@ -105,7 +107,9 @@ def answers_made_before(plan: list[dict], paths: list[Path]) -> list[dict]:
                     row = json.loads(line)
                 except ValueError:  # a line cut short when its job was stopped
                     continue
-                key = (row["id"], row["mode"] == "sampled", tuple(row["prompt_ids"]))
+                sampled = row["mode"] == "sampled"
+                row_id = row["id"].removesuffix("/sampled") if sampled else row["id"]  # the plan's sampled ids
+                key = (row_id, sampled, tuple(row["prompt_ids"]))
                 entry = next((e for e in by_key.get(key, []) if e["id"] not in answered), None)
                 if entry is None:
                     continue

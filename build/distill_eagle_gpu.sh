@@ -9,7 +9,6 @@
 # there from the GGUF file by build/gguf_convert.py, as `make setup` does). Its answering was bound by
 # Hugging Face generate's per-step overhead (6,100 tokens/s at 384 sequences), hence the larger default batch
 # for the next stage: SEED 2033's new requests, and stage 8's (seed 2032) answered again and trained on.
-# ANSWERS: answers made before (a previous run's answers.jsonl.gz, or build/target_answers.py's) to reuse.
 # On a GPU with fewer than ~60 GB free, lower CAPACITY and ANSWER_BATCH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +20,9 @@ SEED=${SEED:-2033}                 # the new requests' seed (stages 1-8 used 202
 BUDGET=${BUDGET:-470}              # seconds for the whole run after the target's load
 ANSWER=${ANSWER:-200}              # seconds of it for the target's answers
 ANSWER_BATCH=${ANSWER_BATCH:-1024} # sequences generated together
-ANSWERS=${ANSWERS:-}               # space-separated answer files made before (reused, not answered again)
+# Answers made before, reused (not answered again): a previous run's answers.jsonl.gz or build/target_answers.py's,
+# space-separated; by default the committed ones (build/answers/: seed 2033's greedy answers made on a CPU).
+ANSWERS=${ANSWERS-$(ls build/answers/*.jsonl.gz 2>/dev/null || true)}
 CAPACITY=${CAPACITY:-12000000}     # feature rows kept on the GPU (4.5 KiB each with the fused layers)
 INSTALL=${INSTALL:-1}
 EXTRA=${EXTRA:-}                   # more build/distill_eagle_gpu.py options, e.g. "--device cpu --tokens-per-batch 8192"

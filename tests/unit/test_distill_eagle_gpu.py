@@ -120,6 +120,17 @@ def test_answers_made_beforehand_replace_their_plan_entries(tiny, tmp_path) -> N
     rows = gpu.answers_made_before(twice, [made])
     assert [r["id"] for r in rows] == [first["id"], "u/req-0"] and twice == [other_file]
     assert gpu.answers_made_before(twice, []) == [] and twice == [other_file]
+    # A run's own answers.jsonl.gz names rows by the plan's ids (file stem and, for sampled ones, "/sampled").
+    plan = [dict(entry) for entry in tiny["plan"]] + [other_file]
+    own = [{**lines[0], "id": first["id"]}, {**lines[1], "id": sampled["id"]},
+           {**lines[0], "id": other_file["id"], "prompt_ids": other_file["prompt_ids"], "answer_ids": [3]}]
+    assert sampled["id"].endswith("/sampled")
+    with gzip.open(tmp_path / "answers.jsonl.gz", "wt", encoding="utf-8") as f:
+        f.write("".join(json.dumps(row) + "\n" for row in own))
+    rows = gpu.answers_made_before(plan, [tmp_path / "answers.jsonl.gz"])
+    assert [(r["id"], r["answer_ids"]) for r in rows] == [
+        (first["id"], [5, 6, EOS]), (sampled["id"], [7]), (other_file["id"], [3])]
+    assert len(plan) == len(tiny["plan"]) - 2
 
 
 def test_request_ids_are_made_unique_per_file(tmp_path) -> None:
