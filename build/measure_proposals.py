@@ -9,7 +9,9 @@ equal across settings (greedy speculation is lossless).
 A setting is ``drafter:k[:lookup_length:min_ngram[:confidence]]``, e.g. ``eagle+ngram:4:12:2:0.5``; k
 ``profile`` takes each task profile's length, a lookup length ending in ``a`` (``12a``) is adaptive up to it
 (no lookup fields: the profile's prompt_lookup), confidence ``profile`` its draft_confidence
-(model_repository/speculative_decoding/1/profiles.yaml); no confidence: chains of k. ``--confidence K`` instead
+(model_repository/speculative_decoding/1/profiles.yaml); no confidence: chains of k. A drafter written
+``eagle+ngram@NODESxWIDTH`` (``eagle+ngram@6x2:4``) drafts a dynamic tree of NODES nodes, WIDTH per level, k deep.
+``--confidence K`` instead
 drafts K tokens with the head per iteration and prints how often the first drafted token is accepted per band
 of the head's own probability for it, and how early stopping at a probability threshold would have done
 (docs/SPECULATION.md, "What did not pay"). Usage::
@@ -32,6 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python_backend"))
 
 from specdec.config import SpeculationConfig, SpeculationSettings  # noqa: E402
+from specdec.drafting.base import proposal_of_tree  # noqa: E402
 from specdec.drafting.ngram import PromptLookup  # noqa: E402
 from specdec.engines import DraftEngine, StepRequest, StepResult, TargetEngine  # noqa: E402
 from specdec.generation import GenerationRequest, GenerationStats, SpeculativeGenerator  # noqa: E402
@@ -76,6 +79,8 @@ class RecordingBackend(InProcessBackend):
             # The head's forwards: one per kept token, and one more that scored a token dropped by the floor.
             kept = len(result.token_ids)
             forwards = kept + int(kept < request.num_draft_tokens * request.num_candidates)
+            if result.parents is not None:  # a dynamic tree: one forward per level (at least its depth)
+                forwards = proposal_of_tree(result.token_ids, result.parents).depth
             self.head_calls.append((forwards, time.perf_counter() - started))
             if self.confidence and result.logits is not None:
                 logits = result.logits.astype(np.float64)
@@ -120,8 +125,12 @@ def settings_of(spec: str, task: str = "text") -> SpeculationSettings:
     floor = 0.0
     if len(parts) >= 5:
         floor = profile.min_confidence if parts[4] == "profile" else float(parts[4])
-    return SpeculationSettings("text", drafter, k, k, 1, "greedy", 0.7, explicit_length=True, prompt_lookup=lookup,
-                               min_confidence=floor)
+    width, nodes = 1, 0
+    if "@" in drafter:  # eagle+ngram@NODESxWIDTH: a dynamic tree
+        drafter, tree = drafter.split("@")
+        nodes, width = (int(v) for v in tree.split("x"))
+    return SpeculationSettings("text", drafter, k, k, width, "greedy", 0.7, explicit_length=True,
+                               prompt_lookup=lookup, min_confidence=floor, tree_nodes=nodes)
 
 
 def served_runtime(model_dir: Path):
@@ -157,7 +166,9 @@ def main(argv: list[str] | None = None) -> dict:
             backend = RecordingBackend(target, head, confidence=False)
             stats = GenerationStats()
             settings = settings_of(spec, scenario["task"])
+            started = time.perf_counter()
             outputs[spec] = [generate(backend, p, scenario["max_tokens"], settings, stats) for p in prompts]
+            wall = time.perf_counter() - started
             t_fixed, t_row = fit(backend.target_calls)
             h_fixed, h_token = fit(backend.head_calls) if backend.head_calls else (0.0, 0.0)
             calls = len(backend.target_calls)
@@ -167,11 +178,16 @@ def main(argv: list[str] | None = None) -> dict:
             plain = (t_fixed + t_row) * stats.output_tokens  # one row per token
             row = {"tokens_per_call": stats.output_tokens / calls, "rows_per_call": rows / calls,
                    "head_forwards": drafted, "lookup_accepted": stats.lookup_accepted_tokens,
-                   "lookup_proposed": stats.lookup_draft_tokens, "estimated_speedup": plain / spent}
+                   "lookup_proposed": stats.lookup_draft_tokens, "estimated_speedup": plain / spent,
+                   "tokens_per_s": stats.output_tokens / wall}
             report.setdefault(domain, {})[spec] = row
             print(f"{domain:6s} {spec:22s} tokens/call {row['tokens_per_call']:.2f} rows/call "
                   f"{row['rows_per_call']:.2f} head forwards {drafted} lookup {stats.lookup_accepted_tokens}/"
-                  f"{stats.lookup_draft_tokens} estimated speedup {row['estimated_speedup']:.2f}x", flush=True)
+                  f"{stats.lookup_draft_tokens} estimated speedup {row['estimated_speedup']:.2f}x "
+                  f"measured {row['tokens_per_s']:.1f} tok/s; per call: target "
+                  f"{1000 * sum(c[1] for c in backend.target_calls) / max(calls, 1):.1f} ms, head "
+                  f"{1000 * sum(c[1] for c in backend.head_calls) / max(len(backend.head_calls), 1):.1f} ms",
+                  flush=True)
         first = next(iter(outputs.values()))
         if any(out != first for out in outputs.values()):
             raise SystemExit(f"{domain}: greedy outputs differ between settings")

@@ -96,7 +96,8 @@ def decoder_config(name: str, role: str, dep: dict) -> mc.ModelConfig:
     if instance_kind not in RUNTIME_KINDS.get(runtime, ()):
         raise ValueError(f"{name}: runtime {runtime!r} cannot run on {instance_kind} (runtimes: {RUNTIME_KINDS})")
     num_slots = int(model.get("num_slots", kv["num_slots"]))  # KV slots per instance = max batch
-    cfg = _base(name, num_slots, DECODER_INPUTS[role], c.DECODER_OUTPUTS, model)
+    cfg = _base(name, num_slots, DECODER_INPUTS[role], c.DECODER_OUTPUTS if role == "target" else c.DRAFT_OUTPUTS,
+                model)
     seq = cfg.sequence_batching
     # Generous: the speculative loop never idles; our own slot timeout frees abandoned slots.
     seq.max_sequence_idle_microseconds = int(kv["idle_timeout_s"] * 1_000_000)

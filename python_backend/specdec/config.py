@@ -6,6 +6,7 @@ The YAML mirrors DESIGN.md §4:
       base_length: {json: 8, code: 6, text: [4, 12]}   # a range means adaptive
       candidate_num: {default: 3, high_precision: 5}
       draft_confidence: {json: 0.5, code: 0.5, text: 0.3}   # 0 or absent: chains of the full length
+      draft_tree_nodes: {json: 0, code: 0, text: 0}   # > 0: the EAGLE head drafts a dynamic tree of this many nodes
       verify_threshold: 0.7
       fallback: {min_acceptance_rate: 0.40, window_s: 300}
 """
@@ -77,6 +78,9 @@ class TaskProfile:
     # A model drafter's chain stops before a token (past the first) it gives less probability than this: the
     # length is then the most it drafts (0: always the full length).
     min_confidence: float = 0.0
+    # > 0: the EAGLE head drafts a dynamic tree (EAGLE-2) of at most this many nodes, base_length levels deep,
+    # expanding num_candidates nodes per level, instead of num_candidates chains (greedy drafting only).
+    tree_nodes: int = 0
 
     @property
     def adaptive(self) -> bool:
@@ -115,6 +119,7 @@ class SpeculationConfig:
         drafters = spec.get("drafter", {})
         acceptance = spec.get("acceptance", {})
         confidence = spec.get("draft_confidence", {})
+        tree_nodes = spec.get("draft_tree_nodes", {})
         profiles = {}
         for task in TASKS:
             length = lengths.get(task, 6)
@@ -128,7 +133,10 @@ class SpeculationConfig:
             floor = float(confidence.get(task, 0.0) if isinstance(confidence, dict) else confidence)
             if not 0.0 <= floor < 1.0:
                 raise ValueError(f"draft_confidence of {task} must be in [0, 1), got {floor}")
-            profiles[task] = TaskProfile(lo, hi, default_candidates, drafter, mode, floor)
+            nodes = int(tree_nodes.get(task, 0) if isinstance(tree_nodes, dict) else tree_nodes)
+            if nodes < 0:
+                raise ValueError(f"draft_tree_nodes of {task} must be >= 0, got {nodes}")
+            profiles[task] = TaskProfile(lo, hi, default_candidates, drafter, mode, floor, nodes)
         fb = spec.get("fallback", {})
         pl = spec.get("prompt_lookup", {})
         adaptive = pl.get("adaptive", False)
@@ -169,6 +177,7 @@ class SpeculationSettings:
     explicit_length: bool = False  # the request fixed num_draft_tokens: the profile's fallback does not apply
     prompt_lookup: PromptLookup = PromptLookup()  # how `model+ngram` / `eagle+ngram` look up
     min_confidence: float = 0.0  # TaskProfile.min_confidence: where a model drafter's chain stops early
+    tree_nodes: int = 0  # > 0: the EAGLE head drafts a dynamic tree of this many nodes (engines._DynamicTree)
 
     @property
     def adaptive(self) -> bool:
@@ -209,7 +218,7 @@ def resolve(config: SpeculationConfig, task: str, prompt_text: str | None, *, nu
         task=task, drafter=profile.drafter, min_length=profile.min_length, max_length=profile.max_length,
         num_candidates=profile.num_candidates, acceptance=profile.acceptance,
         verify_threshold=config.verify_threshold, prompt_lookup=config.prompt_lookup,
-        min_confidence=profile.min_confidence,
+        min_confidence=profile.min_confidence, tree_nodes=profile.tree_nodes,
     )
     if sampling and acceptance is None and settings.acceptance == "greedy":
         settings = replace(settings, acceptance="rejection")  # the lossless rule for sampled decoding

@@ -65,6 +65,9 @@ class StepRequest:
     num_hidden: int = 0  # target: also return the features (final-normed hidden states) of the last N inputs
     features: np.ndarray | None = None  # EAGLE draft: [len(input_ids), feature_size], each input token's feature
     min_confidence: float = 0.0  # draft chain: stop before a token the drafter gives less probability than this
+    # Draft: > 0 grows a dynamic tree (EAGLE-2) of at most this many nodes instead of `num_candidates` chains:
+    # `num_candidates` nodes expanded per level, `num_draft_tokens` levels deep (greedy drafting only).
+    tree_nodes: int = 0
 
 
 @dataclass
@@ -76,6 +79,7 @@ class StepResult:
     logits: np.ndarray | None = None
     error: SpecDecError | None = None
     hidden: np.ndarray | None = None
+    parents: np.ndarray | None = None  # draft, dynamic tree: each proposed node's parent (-1: the root)
 
 
 class _Engine:
@@ -227,6 +231,91 @@ class _Growth:
         return [sample(q, self.rng) for q in probabilities(logits, sampling)]
 
 
+@dataclass
+class _TreeNode:
+    token: int
+    parent: int  # node index; -1: the root (the last committed token)
+    score: float  # log probability of the path from the root under the drafter
+    depth: int
+    feature: np.ndarray | None  # EAGLE: the feature this node's row is fed (its parent row's output)
+    row: int = -1  # its index among the tree nodes written into the slot, once expanded
+
+
+@dataclass
+class _DynamicTree:
+    """A dynamic draft tree (EAGLE-2, Li et al. 2024): each level scores the children of the `width` most
+    likely nodes of the level before (by the drafter's path probability, the product of its softmax along
+    the path), `depth` levels deep; the proposal is the `budget` most likely nodes of all that were scored.
+    A chain spends every verification row on one guess per position; this spends them where the drafter's
+    probability mass is, so an unsure first token gets its runners-up and a sure one a long path.
+
+    Only the expanded nodes are forwarded (written to the slot as scratch tree rows, like a fixed tree's);
+    growth stops early once no unexpanded node can still enter the best `budget` (a child never scores
+    above its parent)."""
+
+    index: int
+    entry: SlotEntry
+    request: StepRequest
+    base: int  # first row after the catch-up input
+    nodes: list[_TreeNode] = field(default_factory=list)
+    frontier: list[int] = field(default_factory=list)  # the nodes the last forward scored the children of
+    written: list[int] = field(default_factory=list)  # expanded nodes, in the slot's row order
+
+    @property
+    def width(self) -> int:
+        return self.request.num_candidates
+
+    def advance(self, output: ForwardOutput, drafted_features) -> ForwardItem | None:
+        """Score the children of the nodes the forward just read; the next forward, or None when done."""
+        parents = self.frontier or [-1]
+        rows = output.logits[-len(parents):].astype(np.float64)
+        log_probs = rows - rows.max(axis=-1, keepdims=True)
+        log_probs -= np.log(np.exp(log_probs).sum(axis=-1, keepdims=True))
+        hidden = drafted_features(output.hidden[-len(parents):]) if output.hidden is not None else None
+        depth = 1 if parents[0] < 0 else self.nodes[parents[0]].depth + 1
+        first_new = len(self.nodes)
+        count = min(self.width, log_probs.shape[-1])
+        for r, parent in enumerate(parents):
+            top = np.argpartition(-log_probs[r], count - 1)[:count]
+            prior = self.nodes[parent].score if parent >= 0 else 0.0
+            feature = hidden[r] if hidden is not None else None
+            for token in top[np.argsort(-log_probs[r, top], kind="stable")]:
+                self.nodes.append(_TreeNode(int(token), parent, prior + float(log_probs[r, token]), depth, feature))
+        if depth >= self.request.num_draft_tokens:
+            return None
+        scores = sorted((node.score for node in self.nodes), reverse=True)
+        floor = scores[self.request.tree_nodes - 1] if len(scores) >= self.request.tree_nodes else -np.inf
+        new = sorted(range(first_new, len(self.nodes)), key=lambda i: -self.nodes[i].score)[:self.width]
+        self.frontier = [i for i in new if self.nodes[i].score > floor]
+        if not self.frontier:
+            return None
+        cached = len(self.written)
+        for i in self.frontier:
+            self.nodes[i].row = len(self.written)
+            self.written.append(i)
+        tree_parents = [self.nodes[self.nodes[i].parent].row if self.nodes[i].parent >= 0 else -1
+                        for i in self.written]
+        features = None if hidden is None else np.stack([self.nodes[i].feature for i in self.frontier])
+        return ForwardItem(self.entry.slot, self.base, np.array([self.nodes[i].token for i in self.frontier]),
+                           num_logits=len(self.frontier), tree_parents=np.array(tree_parents),
+                           num_cached_nodes=cached, num_hidden=0 if features is None else len(self.frontier),
+                           features=features)
+
+    def proposal(self) -> tuple[np.ndarray, np.ndarray]:
+        """The best `tree_nodes` nodes, parents first: (token ids, parents)."""
+        nodes = self.nodes
+        best = sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, nodes[i].depth, i))
+        chosen = set(best[:self.request.tree_nodes])
+        for i in list(chosen):  # a parent scores at least its child, so this adds nothing but for rounding
+            while nodes[i].parent >= 0 and nodes[i].parent not in chosen:
+                i = nodes[i].parent
+                chosen.add(i)
+        keep = sorted(chosen, key=lambda i: (nodes[i].depth, i))
+        position = {node: j for j, node in enumerate(keep)}
+        parents = [position[nodes[i].parent] if nodes[i].parent >= 0 else -1 for i in keep]
+        return np.asarray([nodes[i].token for i in keep], dtype=np.int64), np.asarray(parents, dtype=np.int64)
+
+
 class DraftEngine(_Engine):
     """Proposes a chain (num_candidates = 1) or a tree of `num_candidates` chains of `num_draft_tokens`
     tokens per sequence in one call, looping inside. A chain with `min_confidence` stops early, before the
@@ -272,9 +361,12 @@ class DraftEngine(_Engine):
                     raise InvalidRequestError("input_ids", "drafting needs at least one new token")
                 features = self._features(request) if len(request.input_ids) else None
                 eagle = features is not None
+                if request.tree_nodes and (not request.sampling.greedy or request.want_logits):
+                    raise InvalidRequestError("tree_nodes", "a dynamic tree is drafted greedily, without logits")
                 if k:
                     base = request.past_length + len(request.input_ids)
-                    growing.append(_Growth(i, entry, request, base, make_rng(request.sampling.seed)))
+                    growing.append(_DynamicTree(i, entry, request, base) if request.tree_nodes > 0 else
+                                   _Growth(i, entry, request, base, make_rng(request.sampling.seed)))
                     items.append(ForwardItem(entry.slot, request.past_length, np.asarray(request.input_ids),
                                              num_hidden=int(eagle), features=features))
                 elif len(request.input_ids):
@@ -292,6 +384,15 @@ class DraftEngine(_Engine):
             for growth, item, output in zip(growing, items, outputs, strict=True):
                 logits = output.logits
                 growth.entry.written_length = item.end_row
+                if isinstance(growth, _DynamicTree):
+                    follow = growth.advance(output, self._drafted_features)
+                    if follow is None:
+                        result = results[growth.index]
+                        result.token_ids, result.parents = growth.proposal()
+                    else:
+                        next_growing.append(growth)
+                        next_items.append(follow)
+                    continue
                 first_level = not growth.tokens
                 count = growth.width if first_level else 1
                 new = growth.choose(logits, count)

@@ -354,8 +354,15 @@ class _Run:
         k = s.min_length
         if s.adaptive:
             k = choose_length(self.estimate.rate, s.min_length, s.max_length, s.num_candidates, self.gen.costs)
+        if self._tree_nodes():  # a dynamic tree: k levels deep, at most tree_nodes nodes (_propose_with_model)
+            return min(k, self._length_cap())
         # A tree holds k x candidates nodes.
         return min(k, self._length_cap() // max(s.num_candidates, 1))
+
+    def _tree_nodes(self) -> int:
+        """The nodes of this request's dynamic EAGLE tree (0: chains or fixed trees): greedy drafting only."""
+        greedy_drafting = self.settings.acceptance != "rejection" or self.sampling.greedy
+        return self.settings.tree_nodes if self.eagle is not None and greedy_drafting else 0
 
     def _lookup_length(self) -> int:
         """Prompt lookup's most tokens this iteration, in front of a model drafter (adaptive: PromptLookup)."""
@@ -385,9 +392,14 @@ class _Run:
         ) if lossless_sampling else SamplingParams()
         started = self.gen._clock()
         try:
-            proposal = await self.model_drafter.propose(self.tokens, k, self.settings.num_candidates,
-                                                        draft_sampling, want_probs=lossless_sampling,
-                                                        min_confidence=self.settings.min_confidence)
+            if self._tree_nodes():
+                nodes = min(self._tree_nodes(), self._length_cap())
+                proposal = await self.eagle.propose(self.tokens, k, self.settings.num_candidates, draft_sampling,
+                                                    want_probs=False, tree_nodes=nodes)
+            else:
+                proposal = await self.model_drafter.propose(self.tokens, k, self.settings.num_candidates,
+                                                            draft_sampling, want_probs=lossless_sampling,
+                                                            min_confidence=self.settings.min_confidence)
         except Exception as exc:  # a failing draft degrades to plain decoding, never to an error
             log.warning("%s failed (%s); sequence %d continues without speculation", self._drafter_model, exc,
                         self.sequence_id)

@@ -47,6 +47,8 @@ class BlsModelBackend:
             inputs.append(value_tensor("num_candidates", step.num_candidates, np.int32))
         if step.min_confidence > 0:
             inputs.append(value_tensor("min_confidence", step.min_confidence, np.float32))
+        if step.tree_nodes:
+            inputs.append(value_tensor("tree_nodes", step.tree_nodes, np.int32))
         sampling = step.sampling
         if not sampling.greedy:
             inputs += [value_tensor("temperature", sampling.temperature, np.float32),
@@ -67,6 +69,8 @@ class BlsModelBackend:
         outputs = ["token_ids", "logits"] if step.want_logits else ["token_ids"]
         if step.num_hidden:
             outputs.append("hidden_states")
+        if step.tree_nodes:
+            outputs.append("draft_parents")
         request = pb_utils.InferenceRequest(
             model_name=model, inputs=inputs, requested_output_names=outputs,
             correlation_id=step.sequence_id, flags=flags,
@@ -77,8 +81,10 @@ class BlsModelBackend:
         token_ids = pb_utils.get_output_tensor_by_name(response, "token_ids")
         logits = pb_utils.get_output_tensor_by_name(response, "logits") if step.want_logits else None
         hidden = pb_utils.get_output_tensor_by_name(response, "hidden_states") if step.num_hidden else None
+        parents = pb_utils.get_output_tensor_by_name(response, "draft_parents") if step.tree_nodes else None
         return StepResult(
             token_ids=token_ids.as_numpy().reshape(-1).astype(np.int64) if token_ids is not None else np.zeros(0),
             logits=logits.as_numpy()[0] if logits is not None else None,
             hidden=hidden.as_numpy()[0] if hidden is not None else None,
+            parents=parents.as_numpy().reshape(-1).astype(np.int64) if parents is not None else None,
         )

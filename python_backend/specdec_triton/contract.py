@@ -110,11 +110,15 @@ DRAFT_INPUTS = (
     TensorSpec("seed", "UINT64", optional=True),
     # A chain stops before a token (past the first) the drafter gives less probability than this (0: never).
     TensorSpec("min_confidence", "FP32", optional=True),
+    # > 0: a dynamic tree of at most this many nodes instead of num_candidates chains (its parents come back
+    # as draft_parents).
+    TensorSpec("tree_nodes", "INT32", optional=True),
 )
 # eagle_draft: the feature of every input token, [len(input_ids), feature_size] flattened (ragged like input_ids).
 EAGLE_INPUTS = (*DRAFT_INPUTS, TensorSpec("features", "FP32", (-1,), optional=True, ragged=True))
 DECODER_OUTPUTS = (TensorSpec("token_ids", "INT32", (-1,)), TensorSpec("logits", "FP32", (-1, -1)),
                    TensorSpec("hidden_states", "FP32", (-1, -1)))
+DRAFT_OUTPUTS = (*DECODER_OUTPUTS, TensorSpec("draft_parents", "INT32", (-1,)))  # a dynamic tree's parents
 
 # Sequence-batcher control tensors delivered to target_model / draft_model.
 CONTROL_START = "START"

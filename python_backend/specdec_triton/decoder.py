@@ -57,6 +57,7 @@ def read_step(request: Any) -> StepRequest:
         num_draft_tokens=int(scalar(request, "num_draft_tokens", 0)),
         num_candidates=int(scalar(request, "num_candidates", 1)),
         min_confidence=float(scalar(request, "min_confidence", 0.0)),
+        tree_nodes=int(scalar(request, "tree_nodes", 0)),
         sampling=SamplingParams(float(scalar(request, "temperature", 0.0)), int(scalar(request, "top_k", 0)),
                                 float(scalar(request, "top_p", 1.0)), scalar(request, "seed", None)),
         want_logits="logits" in request.requested_output_names(),
@@ -73,6 +74,8 @@ def write_result(result: StepResult) -> Any:
         outputs.append(pb_utils.Tensor("logits", result.logits.astype(np.float32)[None]))
     if result.hidden is not None:
         outputs.append(pb_utils.Tensor("hidden_states", result.hidden.astype(np.float32)[None]))
+    if result.parents is not None:
+        outputs.append(ids_tensor("draft_parents", result.parents))
     return pb_utils.InferenceResponse(output_tensors=outputs)
 
 

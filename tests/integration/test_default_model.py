@@ -24,6 +24,7 @@ DEFAULT_REPOSITORY = REPO_ROOT / "model_repository"
 TARGET_DIR = DEFAULT_REPOSITORY / "target_model" / "1"
 MAX_TOKENS = 40
 FLOOR = 0.5  # the confidence floor of floor_server's profiles
+TREE_NODES = 6  # the dynamic tree of tree_server's profiles
 CHAT_REQUESTS = {
     "json": ["Return a JSON object for a library member with the keys name, member_id and books_borrowed.",
              "Write a JSON array with two planets, each with name and moons.",
@@ -174,10 +175,8 @@ def test_prompt_lookup_in_front_of_each_model_drafter_equals_plain(default_serve
     assert sampled[0].stats["total_draft_tokens"] > 0
 
 
-@pytest.fixture(scope="module")
-def floor_server(tmp_path_factory: pytest.TempPathFactory):
-    """The default repository (files linked) with a confidence floor in every task profile."""
-    root = tmp_path_factory.mktemp("floor") / "repository"
+def _server_with_profiles(root: Path, changes: dict):
+    """The default repository (files linked) with `changes` made to its speculation profiles."""
     for model in DEFAULT_REPOSITORY.iterdir():
         if not (model / "config.pbtxt").is_file():
             continue
@@ -189,11 +188,39 @@ def floor_server(tmp_path_factory: pytest.TempPathFactory):
                 (version / item.name).symlink_to(item)
     profiles = DEFAULT_REPOSITORY / "speculative_decoding" / "1" / "profiles.yaml"
     raw = yaml.safe_load(profiles.read_text(encoding="utf-8"))
-    raw["speculative_decoding"]["draft_confidence"] = FLOOR
+    raw["speculative_decoding"].update(changes)
     (root / "speculative_decoding" / "1" / "profiles.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
-    server = start_on_free_ports(root, root.parent / "server.log", timeout_s=400)
+    return start_on_free_ports(root, root.parent / "server.log", timeout_s=400)
+
+
+@pytest.fixture(scope="module")
+def floor_server(tmp_path_factory: pytest.TempPathFactory):
+    """The default repository with a confidence floor in every task profile."""
+    server = _server_with_profiles(tmp_path_factory.mktemp("floor") / "repository", {"draft_confidence": FLOOR})
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def tree_server(tmp_path_factory: pytest.TempPathFactory):
+    """The default repository with dynamic EAGLE trees in every task profile (TREE_NODES nodes, 2 per level)."""
+    server = _server_with_profiles(tmp_path_factory.mktemp("tree") / "repository",
+                                   {"draft_tree_nodes": TREE_NODES, "candidate_num": {"default": 2}})
+    yield server
+    server.stop()
+
+
+def test_dynamic_trees_through_the_server_stay_lossless(tree_server, chat_prompts, plain) -> None:
+    """draft_tree_nodes through the server (tree_nodes in, draft_parents out of eagle_draft's BLS calls, the
+    target verifying the tree): greedy equals plain in every domain, streaming too."""
+    for domain, prompt in chat_prompts[::2]:
+        result = _generate(tree_server, prompt, drafter="eagle", num_draft_tokens=4)
+        assert result.text == plain[prompt].text, (domain, prompt)
+        assert result.drafter_used == "eagle" and result.stats["total_draft_tokens"] > 0
+    pieces: list[str] = []
+    domain, prompt = chat_prompts[1]
+    streamed = _generate(tree_server, prompt, on_text=pieces.append, drafter="eagle+ngram")
+    assert "".join(pieces) == streamed.text == plain[prompt].text, (domain, prompt)
 
 
 @pytest.mark.parametrize("drafter", ["eagle", "model"])

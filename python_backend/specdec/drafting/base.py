@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,3 +24,11 @@ class Proposal:
     @property
     def is_chain(self) -> bool:
         return all(parent == i - 1 for i, parent in enumerate(self.parents))
+
+
+def proposal_of_tree(tokens: Sequence[int] | np.ndarray, parents: Sequence[int] | np.ndarray) -> Proposal:
+    """A deterministic proposal of tree nodes listed parents-first (depth: its longest path)."""
+    depths: list[int] = []
+    for parent in parents:
+        depths.append(1 if parent < 0 else depths[int(parent)] + 1)
+    return Proposal([int(t) for t in tokens], [int(p) for p in parents], max(depths, default=0))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specdec.drafting.base import Proposal
+from specdec.drafting.base import Proposal, proposal_of_tree
 from specdec.drafting.draft_model import slot_lost
 from specdec.engines import StepRequest, tree_draft_parents
 from specdec.sampling import SamplingParams, probabilities
@@ -58,7 +58,7 @@ class EagleDrafter:
         self.valid = upto
 
     async def propose(self, tokens: list[int], k: int, candidates: int, sampling: SamplingParams,
-                      want_probs: bool, min_confidence: float = 0.0) -> Proposal:
+                      want_probs: bool, min_confidence: float = 0.0, tree_nodes: int = 0) -> Proposal:
         start = not self.started
         self.started = True  # END at release even if this call fails: a failed START can still hold a KV slot
         upto = len(tokens) - 1
@@ -66,7 +66,7 @@ class EagleDrafter:
         result = await self.backend.eagle_step(StepRequest(
             self.sequence_id, past_length=self.valid, input_ids=input_ids, start=start, num_draft_tokens=k,
             num_candidates=candidates, sampling=sampling, want_logits=want_probs, features=features,
-            min_confidence=min_confidence,
+            min_confidence=min_confidence, tree_nodes=tree_nodes,
         ))
         if result.error is not None:
             if slot_lost(str(result.error)):  # the features of the lost rows are gone with it
@@ -74,6 +74,8 @@ class EagleDrafter:
             raise RuntimeError(f"eagle_draft: {result.error}")
         self._written(upto)
         probs = probabilities(result.logits, sampling) if want_probs and result.logits is not None else None
+        if result.parents is not None:  # a dynamic tree
+            return proposal_of_tree(result.token_ids, result.parents)
         depth = len(result.token_ids) // candidates  # a chain may stop before k (min_confidence)
         return Proposal([int(t) for t in result.token_ids], tree_draft_parents(candidates, depth), depth, probs)
 

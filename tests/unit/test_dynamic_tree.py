@@ -1,0 +1,117 @@
+"""The EAGLE head's dynamic draft tree (EAGLE-2, engines._DynamicTree): its shape, that it is the best nodes by
+the head's own path probability, that the same forwards written as a chain give the chain's first path, and
+that greedy speculation with it equals plain decoding (with and without prompt lookup, across prefill chunks)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from specdec.config import SpeculationConfig, SpeculationSettings, resolve
+from specdec.drafting.base import proposal_of_tree
+from specdec.drafting.ngram import PromptLookup
+from specdec.engines import DraftEngine, StepRequest
+from specdec.errors import InvalidRequestError
+from specdec.generation import GenerationRequest, GenerationStats, SpeculativeGenerator
+from specdec.runtime.torch_llama import TorchLlamaRuntime
+from specdec.sampling import SamplingParams
+from test_eagle import MAX_LENGTH, PROMPT, backend
+
+FEATURES_SEED = 11
+
+
+def head_engine(tiny_eagle) -> DraftEngine:
+    return DraftEngine(TorchLlamaRuntime(tiny_eagle, num_slots=4, max_length=MAX_LENGTH), 60)
+
+
+def features(engine: DraftEngine, rows: int) -> np.ndarray:
+    return np.random.default_rng(FEATURES_SEED).normal(size=(rows, engine.runtime.feature_size)).astype(np.float32)
+
+
+def draft_tree(tiny_eagle, nodes: int, width: int, depth: int):
+    engine = head_engine(tiny_eagle)
+    result = engine.step([StepRequest(1, input_ids=np.asarray(PROMPT), start=True, num_draft_tokens=depth,
+                                      num_candidates=width, tree_nodes=nodes,
+                                      features=features(engine, len(PROMPT)))])[0]
+    assert result.error is None
+    return result
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    logits = logits.astype(np.float64)
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+@pytest.mark.parametrize(("nodes", "width", "depth"), [(6, 2, 4), (10, 3, 5), (3, 4, 2), (8, 1, 8)])
+def test_the_tree_has_its_budget_parents_first_and_distinct_siblings(tiny_eagle, nodes, width, depth):
+    result = draft_tree(tiny_eagle, nodes, width, depth)
+    parents = result.parents.tolist()
+    assert len(result.token_ids) == len(parents) <= nodes
+    assert all(-1 <= parent < i for i, parent in enumerate(parents))  # parents first
+    for parent in set(parents):
+        siblings = [int(result.token_ids[i]) for i, p in enumerate(parents) if p == parent]
+        assert len(siblings) == len(set(siblings)) <= width
+    assert proposal_of_tree(result.token_ids, result.parents).depth <= depth
+
+
+def test_the_first_level_is_the_heads_top_tokens(tiny_eagle):
+    """The root's children are the head's most probable first tokens (what a chain's first logits rank)."""
+    engine = head_engine(tiny_eagle)
+    chain = engine.step([StepRequest(1, input_ids=np.asarray(PROMPT), start=True, num_draft_tokens=1,
+                                     features=features(engine, len(PROMPT)), want_logits=True)])[0]
+    ranked = [int(t) for t in np.argsort(-log_softmax(chain.logits[0]), kind="stable")]
+    tree = draft_tree(tiny_eagle, 12, 3, 3)
+    roots = [int(t) for t, p in zip(tree.token_ids, tree.parents, strict=True) if p < 0]
+    assert roots == ranked[:len(roots)] and len(roots) >= 1
+
+
+def test_a_width_one_tree_is_the_chain(tiny_eagle):
+    engine = head_engine(tiny_eagle)
+    chain = engine.step([StepRequest(1, input_ids=np.asarray(PROMPT), start=True, num_draft_tokens=5,
+                                     features=features(engine, len(PROMPT)))])[0]
+    tree = draft_tree(tiny_eagle, 5, 1, 5)
+    assert tree.token_ids.tolist() == chain.token_ids.tolist() and tree.parents.tolist() == [-1, 0, 1, 2, 3]
+
+
+def test_a_dynamic_tree_refuses_sampled_drafting(tiny_eagle):
+    engine = head_engine(tiny_eagle)
+    sampled = engine.step([StepRequest(1, input_ids=np.asarray(PROMPT), start=True, num_draft_tokens=3,
+                                       num_candidates=2, tree_nodes=4, sampling=SamplingParams(0.8),
+                                       features=features(engine, len(PROMPT)))])[0]
+    assert isinstance(sampled.error, InvalidRequestError) and "tree_nodes" in str(sampled.error)
+
+
+def generate(backend_, settings: SpeculationSettings, prefill_chunk: int = 256) -> tuple[list[int], GenerationStats]:
+    generator = SpeculativeGenerator(backend_, MAX_LENGTH, prefill_chunk=prefill_chunk)
+    stats = GenerationStats()
+
+    async def run() -> list[int]:
+        tokens: list[int] = []
+        async for update in generator.generate(GenerationRequest(PROMPT, 40, settings=settings), 7, stats):
+            tokens += update.token_ids
+        return tokens
+
+    return asyncio.run(run()), stats
+
+
+@pytest.mark.parametrize(("drafter", "nodes", "width", "depth", "prefill_chunk"),
+                         [("eagle", 6, 2, 4, 256), ("eagle", 10, 3, 5, 5), ("eagle+ngram", 6, 2, 3, 256)])
+def test_greedy_with_a_dynamic_tree_equals_plain_decoding(tiny_pair, tiny_eagle, drafter, nodes, width, depth,
+                                                          prefill_chunk):
+    plain, _ = generate(backend(tiny_pair, tiny_eagle), SpeculationSettings("text", "model", 0, 0, 1, "greedy", 0.7))
+    settings = SpeculationSettings("text", drafter, depth, depth, width, "greedy", 0.7, explicit_length=True,
+                                   prompt_lookup=PromptLookup(), tree_nodes=nodes)
+    got, stats = generate(backend(tiny_pair, tiny_eagle), settings, prefill_chunk)
+    assert got == plain and stats.draft_failures == 0 and stats.draft_calls > 0
+
+
+def test_the_tree_budget_comes_from_the_profile():
+    config = SpeculationConfig.from_dict({"draft_tree_nodes": {"json": 8}, "candidate_num": {"default": 2}})
+    assert [config.profiles[t].tree_nodes for t in ("json", "code", "text")] == [8, 0, 0]
+    settings = resolve(config, "json", None, num_draft_tokens=None, num_candidates=None, acceptance=None,
+                       verify_threshold=None, drafter=None, sampling=False)
+    assert settings.tree_nodes == 8 and settings.num_candidates == 2
+    with pytest.raises(ValueError, match="draft_tree_nodes"):
+        SpeculationConfig.from_dict({"draft_tree_nodes": -1})
