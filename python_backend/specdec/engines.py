@@ -249,9 +249,11 @@ class _DynamicTree:
     A chain spends every verification row on one guess per position; this spends them where the drafter's
     probability mass is, so an unsure first token gets its runners-up and a sure one a long path.
 
-    Only the expanded nodes are forwarded (written to the slot as scratch tree rows, like a fixed tree's);
-    growth stops early once no unexpanded node can still enter the best `budget` (a child never scores
-    above its parent)."""
+    With `min_confidence` > 0 a node whose path probability is below it is neither proposed nor expanded
+    (but for the most probable first token: a proposal is never empty), so the tree spends rows only on
+    nodes likely enough to pay for their verification. Only the expanded nodes are forwarded (written to the
+    slot as scratch tree rows, like a fixed tree's); growth stops early once no unexpanded node can still
+    enter the proposal (a child never scores above its parent)."""
 
     index: int
     entry: SlotEntry
@@ -285,6 +287,7 @@ class _DynamicTree:
             return None
         scores = sorted((node.score for node in self.nodes), reverse=True)
         floor = scores[self.request.tree_nodes - 1] if len(scores) >= self.request.tree_nodes else -np.inf
+        floor = max(floor, self._least_score)  # no child of a node at the floor can score above it
         new = sorted(range(first_new, len(self.nodes)), key=lambda i: -self.nodes[i].score)[:self.width]
         self.frontier = [i for i in new if self.nodes[i].score > floor]
         if not self.frontier:
@@ -301,11 +304,19 @@ class _DynamicTree:
                            num_cached_nodes=cached, num_hidden=0 if features is None else len(self.frontier),
                            features=features)
 
+    @property
+    def _least_score(self) -> float:
+        """The lowest path log probability a proposed node may have (min_confidence; -inf: none)."""
+        floor = self.request.min_confidence
+        return float(np.log(floor)) if floor > 0 else -np.inf
+
     def proposal(self) -> tuple[np.ndarray, np.ndarray]:
-        """The best `tree_nodes` nodes, parents first: (token ids, parents)."""
+        """The best `tree_nodes` nodes at or above min_confidence (at least one), parents first:
+        (token ids, parents)."""
         nodes = self.nodes
         best = sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, nodes[i].depth, i))
-        chosen = set(best[:self.request.tree_nodes])
+        likely = [i for i in best[:self.request.tree_nodes] if nodes[i].score >= self._least_score]
+        chosen = set(likely or best[:1])
         for i in list(chosen):  # a parent scores at least its child, so this adds nothing but for rounding
             while nodes[i].parent >= 0 and nodes[i].parent not in chosen:
                 i = nodes[i].parent

@@ -192,6 +192,10 @@ class _Run:
         self.need_target_logits = not self.sampling.greedy or self.settings.acceptance != "greedy"
         self.estimate = AcceptanceEstimate()
         self.lookup_estimate = AcceptanceEstimate()  # prompt lookup's own acceptance: its adaptive length
+        # What adaptive lengths are chosen by. A sampled request with a seed must give the same text on any load,
+        # and its text depends on what was proposed (rejection sampling draws per proposal), so it chooses from
+        # the cost model's priors and its own acceptance only, not from the instance's measured call times.
+        self.length_costs = gen.costs if self.sampling.greedy or self.sampling.seed is None else CostModel()
         self.monitor = gen.monitors.get(self.settings.task)
         self.speculate = self.settings.enabled
         # The drafter that keeps a KV slot: the draft model, or the EAGLE head (which also needs the target's
@@ -353,7 +357,7 @@ class _Run:
             return 0
         k = s.min_length
         if s.adaptive:
-            k = choose_length(self.estimate.rate, s.min_length, s.max_length, s.num_candidates, self.gen.costs)
+            k = choose_length(self.estimate.rate, s.min_length, s.max_length, s.num_candidates, self.length_costs)
         if self._tree_nodes():  # a dynamic tree: k levels deep, at most tree_nodes nodes (_propose_with_model)
             return min(k, self._length_cap())
         # A tree holds k x candidates nodes.
@@ -369,7 +373,7 @@ class _Run:
         longest = min(self.lookup_length, self._length_cap())
         if not self.settings.prompt_lookup.adaptive:
             return longest
-        return choose_lookup_length(self.lookup_estimate.rate, longest, self.gen.costs)
+        return choose_lookup_length(self.lookup_estimate.rate, longest, self.length_costs)
 
     async def _propose(self) -> tuple[Proposal | None, bool]:
         """This iteration's proposal (None: a plain step) and whether the model drafter made it."""
@@ -395,7 +399,8 @@ class _Run:
             if self._tree_nodes():
                 nodes = min(self._tree_nodes(), self._length_cap())
                 proposal = await self.eagle.propose(self.tokens, k, self.settings.num_candidates, draft_sampling,
-                                                    want_probs=False, tree_nodes=nodes)
+                                                    want_probs=False, min_confidence=self.settings.min_confidence,
+                                                    tree_nodes=nodes)
             else:
                 proposal = await self.model_drafter.propose(self.tokens, k, self.settings.num_candidates,
                                                             draft_sampling, want_probs=lossless_sampling,

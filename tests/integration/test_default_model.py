@@ -219,8 +219,8 @@ def test_dynamic_trees_through_the_server_stay_lossless(tree_server, chat_prompt
         assert result.drafter_used == "eagle" and result.stats["total_draft_tokens"] > 0
     pieces: list[str] = []
     domain, prompt = chat_prompts[1]
-    streamed = _generate(tree_server, prompt, on_text=pieces.append, drafter="eagle+ngram")
-    assert "".join(pieces) == streamed.text == plain[prompt].text, (domain, prompt)
+    streamed = _generate(tree_server, prompt, stream=True, on_text=pieces.append, drafter="eagle+ngram")
+    assert len(pieces) > 1 and "".join(pieces) == streamed.text == plain[prompt].text, (domain, prompt)
 
 
 @pytest.mark.parametrize("drafter", ["eagle", "model"])

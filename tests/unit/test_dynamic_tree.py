@@ -29,10 +29,10 @@ def features(engine: DraftEngine, rows: int) -> np.ndarray:
     return np.random.default_rng(FEATURES_SEED).normal(size=(rows, engine.runtime.feature_size)).astype(np.float32)
 
 
-def draft_tree(tiny_eagle, nodes: int, width: int, depth: int):
+def draft_tree(tiny_eagle, nodes: int, width: int, depth: int, floor: float = 0.0):
     engine = head_engine(tiny_eagle)
     result = engine.step([StepRequest(1, input_ids=np.asarray(PROMPT), start=True, num_draft_tokens=depth,
-                                      num_candidates=width, tree_nodes=nodes,
+                                      num_candidates=width, tree_nodes=nodes, min_confidence=floor,
                                       features=features(engine, len(PROMPT)))])[0]
     assert result.error is None
     return result
@@ -75,6 +75,24 @@ def test_a_width_one_tree_is_the_chain(tiny_eagle):
     assert tree.token_ids.tolist() == chain.token_ids.tolist() and tree.parents.tolist() == [-1, 0, 1, 2, 3]
 
 
+def paths(result) -> set[tuple[int, ...]]:
+    """Each node as the tokens of its path from the root."""
+    found: list[tuple[int, ...]] = []
+    for token, parent in zip(result.token_ids.tolist(), result.parents.tolist(), strict=True):
+        found.append((found[parent] if parent >= 0 else ()) + (token,))
+    return set(found)
+
+
+def test_a_confidence_floor_keeps_the_likely_part_of_the_tree(tiny_eagle):
+    """min_confidence floors a node's path probability: the floored tree is the unfloored one less its
+    unlikely nodes, and a floor nothing reaches leaves the head's first choice alone."""
+    full = draft_tree(tiny_eagle, 10, 3, 5)
+    floored = draft_tree(tiny_eagle, 10, 3, 5, floor=0.05)
+    assert paths(floored) <= paths(full)
+    alone = draft_tree(tiny_eagle, 10, 3, 5, floor=0.999)
+    assert len(alone.token_ids) == 1 and alone.token_ids[0] == full.token_ids[0] and alone.parents.tolist() == [-1]
+
+
 def test_a_dynamic_tree_refuses_sampled_drafting(tiny_eagle):
     engine = head_engine(tiny_eagle)
     sampled = engine.step([StepRequest(1, input_ids=np.asarray(PROMPT), start=True, num_draft_tokens=3,
@@ -96,13 +114,14 @@ def generate(backend_, settings: SpeculationSettings, prefill_chunk: int = 256) 
     return asyncio.run(run()), stats
 
 
-@pytest.mark.parametrize(("drafter", "nodes", "width", "depth", "prefill_chunk"),
-                         [("eagle", 6, 2, 4, 256), ("eagle", 10, 3, 5, 5), ("eagle+ngram", 6, 2, 3, 256)])
+@pytest.mark.parametrize(("drafter", "nodes", "width", "depth", "prefill_chunk", "floor"),
+                         [("eagle", 6, 2, 4, 256, 0.0), ("eagle", 10, 3, 5, 5, 0.0), ("eagle+ngram", 6, 2, 3, 256, 0.0),
+                          ("eagle", 8, 2, 5, 256, 0.1)])
 def test_greedy_with_a_dynamic_tree_equals_plain_decoding(tiny_pair, tiny_eagle, drafter, nodes, width, depth,
-                                                          prefill_chunk):
+                                                          prefill_chunk, floor):
     plain, _ = generate(backend(tiny_pair, tiny_eagle), SpeculationSettings("text", "model", 0, 0, 1, "greedy", 0.7))
     settings = SpeculationSettings("text", drafter, depth, depth, width, "greedy", 0.7, explicit_length=True,
-                                   prompt_lookup=PromptLookup(), tree_nodes=nodes)
+                                   prompt_lookup=PromptLookup(), tree_nodes=nodes, min_confidence=floor)
     got, stats = generate(backend(tiny_pair, tiny_eagle), settings, prefill_chunk)
     assert got == plain and stats.draft_failures == 0 and stats.draft_calls > 0
 

@@ -142,6 +142,39 @@ def test_lookups_that_fail_get_shorter_and_copied_spans_get_longer():
     assert choose_lookup_length(0.3, 12, free) == 12
 
 
+def test_a_seeded_sampled_request_gives_the_same_text_whatever_the_measured_costs(backend):
+    """Rejection sampling's draws follow the proposals, so a seeded request chooses its adaptive lookup length
+    from the cost model's priors and its own acceptance, not from the instance's measured call times (which
+    differ with load): the same seed gives the same text on an instance whose verification rows look free and on
+    one where they look dear. A greedy request may follow the measured costs: its text never depends on them."""
+    from specdec.adaptive import CostModel
+    from specdec.sampling import SamplingParams
+
+    def instance_costs(seconds_per_row: float) -> CostModel:
+        costs = CostModel()
+        for rows in (1, 4, 8, 13):
+            costs.target.observe(rows, 0.05 + seconds_per_row * rows)
+        return costs
+
+    settings = SpeculationSettings("text", "model+ngram", 2, 2, 1, "rejection", 0.7, explicit_length=True,
+                                   prompt_lookup=PromptLookup(length=12, min_ngram=1, adaptive=True))
+    texts, lookups = [], []
+    for seconds_per_row in (0.0, 0.05):
+        generator = SpeculativeGenerator(backend, MAX_LENGTH, costs=instance_costs(seconds_per_row))
+        stats = GenerationStats()
+        request = GenerationRequest(REPEATING, 40, settings=settings, sampling=SamplingParams(0.8, seed=7))
+
+        async def run(generator=generator, request=request, stats=stats) -> list[int]:
+            out: list[int] = []
+            async for update in generator.generate(request, 5, stats):
+                out += update.token_ids
+            return out
+
+        texts.append(asyncio.run(run()))
+        lookups.append(stats.lookup_draft_tokens)
+    assert texts[0] == texts[1] and lookups[0] == lookups[1] > 0
+
+
 def test_lookup_alone_keeps_its_k_and_needs_no_draft_model(backend):
     from specdec.inprocess import InProcessBackend
 
