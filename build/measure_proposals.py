@@ -33,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python_backend"))
 
-from specdec.config import SpeculationConfig, SpeculationSettings  # noqa: E402
+from specdec.config import DynamicTree, SpeculationConfig, SpeculationSettings  # noqa: E402
 from specdec.drafting.base import proposal_of_tree  # noqa: E402
 from specdec.drafting.ngram import PromptLookup  # noqa: E402
 from specdec.engines import DraftEngine, StepRequest, StepResult, TargetEngine  # noqa: E402
@@ -125,12 +125,13 @@ def settings_of(spec: str, task: str = "text") -> SpeculationSettings:
     floor = 0.0
     if len(parts) >= 5:
         floor = profile.min_confidence if parts[4] == "profile" else float(parts[4])
-    width, nodes = 1, 0
-    if "@" in drafter:  # eagle+ngram@NODESxWIDTH: a dynamic tree
-        drafter, tree = drafter.split("@")
-        nodes, width = (int(v) for v in tree.split("x"))
-    return SpeculationSettings("text", drafter, k, k, width, "greedy", 0.7, explicit_length=True,
-                               prompt_lookup=lookup, min_confidence=floor, tree_nodes=nodes)
+    tree = None
+    if "@" in drafter:  # eagle+ngram@NODESxWIDTH: a dynamic tree, k deep, the confidence its least path probability
+        drafter, shape = drafter.split("@")
+        nodes, width = (int(v) for v in shape.split("x"))
+        tree, floor = DynamicTree(nodes, k, width, floor), 0.0
+    return SpeculationSettings("text", drafter, k, k, 1, "greedy", 0.7, explicit_length=True,
+                               prompt_lookup=lookup, min_confidence=floor, tree=tree)
 
 
 def served_runtime(model_dir: Path):

@@ -6,7 +6,7 @@ The YAML mirrors DESIGN.md §4:
       base_length: {json: 8, code: 6, text: [4, 12]}   # a range means adaptive
       candidate_num: {default: 3, high_precision: 5}
       draft_confidence: {json: 0.5, code: 0.5, text: 0.3}   # 0 or absent: chains of the full length
-      draft_tree_nodes: {json: 0, code: 0, text: 0}   # > 0: the EAGLE head drafts a dynamic tree of this many nodes
+      dynamic_tree: {nodes: {json: 8, code: 8, text: 0}, depth: 5, width: 2, min_probability: 0.1}
       verify_threshold: 0.7
       fallback: {min_acceptance_rate: 0.40, window_s: 300}
 """
@@ -67,6 +67,35 @@ class FallbackConfig:
 
 
 @dataclass(frozen=True)
+class DynamicTree:
+    """The EAGLE head's dynamic draft tree (EAGLE-2; specdec.engines._DynamicTree, docs/SPECULATION.md): at most
+    `nodes` nodes, `depth` levels, the children of `width` nodes scored per level, no node whose path probability
+    under the head is below `min_probability`. Used for greedy drafting with the head; a sampled request (which
+    needs one distribution per branch to stay lossless) and the draft model keep the profile's chains."""
+
+    nodes: int
+    depth: int = 5
+    width: int = 2
+    min_probability: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.nodes >= 1 and self.depth >= 1 and self.width >= 1 and 0.0 <= self.min_probability < 1.0):
+            raise ValueError(f"dynamic_tree needs nodes, depth, width >= 1 and min_probability in [0, 1): {self}")
+
+    @classmethod
+    def for_task(cls, raw: dict[str, Any], task: str) -> DynamicTree | None:
+        """The profile's `dynamic_tree` for one task (`nodes` one value or per task; 0 or absent: none)."""
+        nodes = raw.get("nodes", 0)
+        nodes = int(nodes.get(task, 0) if isinstance(nodes, dict) else nodes)
+        if nodes < 0:
+            raise ValueError(f"dynamic_tree nodes of {task} must be >= 0, got {nodes}")
+        if not nodes:
+            return None
+        return cls(nodes, int(raw.get("depth", cls.depth)), int(raw.get("width", cls.width)),
+                   float(raw.get("min_probability", cls.min_probability)))
+
+
+@dataclass(frozen=True)
 class TaskProfile:
     """The speculation settings of one task."""
 
@@ -78,9 +107,7 @@ class TaskProfile:
     # A model drafter's chain stops before a token (past the first) it gives less probability than this: the
     # length is then the most it drafts (0: always the full length).
     min_confidence: float = 0.0
-    # > 0: the EAGLE head drafts a dynamic tree (EAGLE-2) of at most this many nodes, base_length levels deep,
-    # expanding num_candidates nodes per level, instead of num_candidates chains (greedy drafting only).
-    tree_nodes: int = 0
+    tree: DynamicTree | None = None  # the EAGLE head's dynamic tree, where it can draft one
 
     @property
     def adaptive(self) -> bool:
@@ -119,7 +146,7 @@ class SpeculationConfig:
         drafters = spec.get("drafter", {})
         acceptance = spec.get("acceptance", {})
         confidence = spec.get("draft_confidence", {})
-        tree_nodes = spec.get("draft_tree_nodes", {})
+        tree = spec.get("dynamic_tree") or {}
         profiles = {}
         for task in TASKS:
             length = lengths.get(task, 6)
@@ -133,10 +160,8 @@ class SpeculationConfig:
             floor = float(confidence.get(task, 0.0) if isinstance(confidence, dict) else confidence)
             if not 0.0 <= floor < 1.0:
                 raise ValueError(f"draft_confidence of {task} must be in [0, 1), got {floor}")
-            nodes = int(tree_nodes.get(task, 0) if isinstance(tree_nodes, dict) else tree_nodes)
-            if nodes < 0:
-                raise ValueError(f"draft_tree_nodes of {task} must be >= 0, got {nodes}")
-            profiles[task] = TaskProfile(lo, hi, default_candidates, drafter, mode, floor, nodes)
+            profiles[task] = TaskProfile(lo, hi, default_candidates, drafter, mode, floor,
+                                         DynamicTree.for_task(tree, task))
         fb = spec.get("fallback", {})
         pl = spec.get("prompt_lookup", {})
         adaptive = pl.get("adaptive", False)
@@ -177,7 +202,7 @@ class SpeculationSettings:
     explicit_length: bool = False  # the request fixed num_draft_tokens: the profile's fallback does not apply
     prompt_lookup: PromptLookup = PromptLookup()  # how `model+ngram` / `eagle+ngram` look up
     min_confidence: float = 0.0  # TaskProfile.min_confidence: where a model drafter's chain stops early
-    tree_nodes: int = 0  # > 0: the EAGLE head drafts a dynamic tree of this many nodes (engines._DynamicTree)
+    tree: DynamicTree | None = None  # greedy drafting with the EAGLE head: this dynamic tree instead of chains
 
     @property
     def adaptive(self) -> bool:
@@ -218,14 +243,18 @@ def resolve(config: SpeculationConfig, task: str, prompt_text: str | None, *, nu
         task=task, drafter=profile.drafter, min_length=profile.min_length, max_length=profile.max_length,
         num_candidates=profile.num_candidates, acceptance=profile.acceptance,
         verify_threshold=config.verify_threshold, prompt_lookup=config.prompt_lookup,
-        min_confidence=profile.min_confidence, tree_nodes=profile.tree_nodes,
+        min_confidence=profile.min_confidence, tree=profile.tree,
     )
     if sampling and acceptance is None and settings.acceptance == "greedy":
         settings = replace(settings, acceptance="rejection")  # the lossless rule for sampled decoding
     if num_draft_tokens is not None:
         settings = replace(settings, min_length=num_draft_tokens, max_length=num_draft_tokens, explicit_length=True)
+        if settings.tree is not None and num_draft_tokens > 0:  # a dynamic tree's k is its depth
+            settings = replace(settings, tree=replace(settings.tree, depth=num_draft_tokens))
     if num_candidates is not None:
         settings = replace(settings, num_candidates=num_candidates)
+        if settings.tree is not None:  # and its width
+            settings = replace(settings, tree=replace(settings.tree, width=num_candidates))
     if acceptance is not None:
         if acceptance == "greedy" and sampling:
             raise InvalidRequestError("acceptance", "greedy acceptance needs temperature 0; use rejection or typical")

@@ -33,7 +33,7 @@ import numpy as np
 
 from specdec.acceptance import Verdict, greedy_verify, typical_verify
 from specdec.adaptive import AcceptanceEstimate, CostModel, choose_length, choose_lookup_length
-from specdec.config import SpeculationSettings, model_drafter_of, uses_lookup
+from specdec.config import DynamicTree, SpeculationSettings, model_drafter_of, uses_lookup
 from specdec.drafting.base import Proposal
 from specdec.drafting.draft_model import DraftModelDrafter
 from specdec.drafting.eagle import EagleDrafter
@@ -358,15 +358,16 @@ class _Run:
         k = s.min_length
         if s.adaptive:
             k = choose_length(self.estimate.rate, s.min_length, s.max_length, s.num_candidates, self.length_costs)
-        if self._tree_nodes():  # a dynamic tree: k levels deep, at most tree_nodes nodes (_propose_with_model)
-            return min(k, self._length_cap())
+        if self._dynamic_tree() is not None:  # its depth; at most its nodes (_propose_with_model)
+            return min(self._dynamic_tree().depth, self._length_cap())
         # A tree holds k x candidates nodes.
         return min(k, self._length_cap() // max(s.num_candidates, 1))
 
-    def _tree_nodes(self) -> int:
-        """The nodes of this request's dynamic EAGLE tree (0: chains or fixed trees): greedy drafting only."""
+    def _dynamic_tree(self) -> DynamicTree | None:
+        """The profile's dynamic tree where this request drafts one: with the EAGLE head, drafting greedily (a
+        sampled request under rejection sampling keeps the profile's chains)."""
         greedy_drafting = self.settings.acceptance != "rejection" or self.sampling.greedy
-        return self.settings.tree_nodes if self.eagle is not None and greedy_drafting else 0
+        return self.settings.tree if self.eagle is not None and greedy_drafting else None
 
     def _lookup_length(self) -> int:
         """Prompt lookup's most tokens this iteration, in front of a model drafter (adaptive: PromptLookup)."""
@@ -396,11 +397,11 @@ class _Run:
         ) if lossless_sampling else SamplingParams()
         started = self.gen._clock()
         try:
-            if self._tree_nodes():
-                nodes = min(self._tree_nodes(), self._length_cap())
-                proposal = await self.eagle.propose(self.tokens, k, self.settings.num_candidates, draft_sampling,
-                                                    want_probs=False, min_confidence=self.settings.min_confidence,
-                                                    tree_nodes=nodes)
+            tree = self._dynamic_tree()
+            if tree is not None:
+                proposal = await self.eagle.propose(self.tokens, k, tree.width, draft_sampling, want_probs=False,
+                                                    min_confidence=tree.min_probability,
+                                                    tree_nodes=min(tree.nodes, self._length_cap()))
             else:
                 proposal = await self.model_drafter.propose(self.tokens, k, self.settings.num_candidates,
                                                             draft_sampling, want_probs=lossless_sampling,

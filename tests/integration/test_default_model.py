@@ -195,8 +195,10 @@ def _server_with_profiles(root: Path, changes: dict):
 
 @pytest.fixture(scope="module")
 def floor_server(tmp_path_factory: pytest.TempPathFactory):
-    """The default repository with a confidence floor in every task profile."""
-    server = _server_with_profiles(tmp_path_factory.mktemp("floor") / "repository", {"draft_confidence": FLOOR})
+    """The default repository with a confidence floor in every task profile, drafting chains (the floor of a
+    chain; a dynamic tree has its own, dynamic_tree.min_probability)."""
+    server = _server_with_profiles(tmp_path_factory.mktemp("floor") / "repository",
+                                   {"draft_confidence": FLOOR, "dynamic_tree": {"nodes": 0}})
     yield server
     server.stop()
 
@@ -205,13 +207,13 @@ def floor_server(tmp_path_factory: pytest.TempPathFactory):
 def tree_server(tmp_path_factory: pytest.TempPathFactory):
     """The default repository with dynamic EAGLE trees in every task profile (TREE_NODES nodes, 2 per level)."""
     server = _server_with_profiles(tmp_path_factory.mktemp("tree") / "repository",
-                                   {"draft_tree_nodes": TREE_NODES, "candidate_num": {"default": 2}})
+                                   {"dynamic_tree": {"nodes": TREE_NODES, "depth": 4, "width": 2}})
     yield server
     server.stop()
 
 
 def test_dynamic_trees_through_the_server_stay_lossless(tree_server, chat_prompts, plain) -> None:
-    """draft_tree_nodes through the server (tree_nodes in, draft_parents out of eagle_draft's BLS calls, the
+    """dynamic_tree through the server (tree_nodes in, draft_parents out of eagle_draft's BLS calls, the
     target verifying the tree): greedy equals plain in every domain, streaming too."""
     for domain, prompt in chat_prompts[::2]:
         result = _generate(tree_server, prompt, drafter="eagle", num_draft_tokens=4)
@@ -227,9 +229,10 @@ def test_dynamic_trees_through_the_server_stay_lossless(tree_server, chat_prompt
 def test_a_confidence_floor_shortens_chains_and_stays_lossless(default_server, floor_server, chat_prompts, plain,
                                                                 drafter) -> None:
     """draft_confidence through the server (min_confidence on the drafters' BLS calls): greedy still equals
-    plain, with fewer draft tokens than the same k without the floor."""
+    plain, with fewer draft tokens than the same k without the floor. JSON requests: the default profiles draft
+    chains there (code and prose draw dynamic trees with the head)."""
     drafted = {"floor": 0, "full": 0}
-    for domain, prompt in chat_prompts[::3]:
+    for domain, prompt in [(domain, prompt) for domain, prompt in chat_prompts if domain == "json"][:3]:
         for name, server in (("floor", floor_server), ("full", default_server)):
             result = _generate(server, prompt, drafter=drafter, num_draft_tokens=4)
             assert result.text == plain[prompt].text, (domain, prompt, drafter, name)

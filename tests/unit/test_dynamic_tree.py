@@ -8,12 +8,13 @@ import asyncio
 
 import numpy as np
 import pytest
-from specdec.config import SpeculationConfig, SpeculationSettings, resolve
+from specdec.config import DynamicTree, SpeculationConfig, SpeculationSettings, resolve
 from specdec.drafting.base import proposal_of_tree
 from specdec.drafting.ngram import PromptLookup
 from specdec.engines import DraftEngine, StepRequest
 from specdec.errors import InvalidRequestError
 from specdec.generation import GenerationRequest, GenerationStats, SpeculativeGenerator
+from specdec.inprocess import InProcessBackend
 from specdec.runtime.torch_llama import TorchLlamaRuntime
 from specdec.sampling import SamplingParams
 from test_eagle import MAX_LENGTH, PROMPT, backend
@@ -120,17 +121,57 @@ def generate(backend_, settings: SpeculationSettings, prefill_chunk: int = 256) 
 def test_greedy_with_a_dynamic_tree_equals_plain_decoding(tiny_pair, tiny_eagle, drafter, nodes, width, depth,
                                                           prefill_chunk, floor):
     plain, _ = generate(backend(tiny_pair, tiny_eagle), SpeculationSettings("text", "model", 0, 0, 1, "greedy", 0.7))
-    settings = SpeculationSettings("text", drafter, depth, depth, width, "greedy", 0.7, explicit_length=True,
-                                   prompt_lookup=PromptLookup(), tree_nodes=nodes, min_confidence=floor)
+    settings = SpeculationSettings("text", drafter, depth, depth, 1, "greedy", 0.7, explicit_length=True,
+                                   prompt_lookup=PromptLookup(), tree=DynamicTree(nodes, depth, width, floor))
     got, stats = generate(backend(tiny_pair, tiny_eagle), settings, prefill_chunk)
     assert got == plain and stats.draft_failures == 0 and stats.draft_calls > 0
 
 
-def test_the_tree_budget_comes_from_the_profile():
-    config = SpeculationConfig.from_dict({"draft_tree_nodes": {"json": 8}, "candidate_num": {"default": 2}})
-    assert [config.profiles[t].tree_nodes for t in ("json", "code", "text")] == [8, 0, 0]
-    settings = resolve(config, "json", None, num_draft_tokens=None, num_candidates=None, acceptance=None,
-                       verify_threshold=None, drafter=None, sampling=False)
-    assert settings.tree_nodes == 8 and settings.num_candidates == 2
-    with pytest.raises(ValueError, match="draft_tree_nodes"):
-        SpeculationConfig.from_dict({"draft_tree_nodes": -1})
+def resolved(config: SpeculationConfig, task: str, **overrides) -> SpeculationSettings:
+    options = {"num_draft_tokens": None, "num_candidates": None, "acceptance": None, "verify_threshold": None,
+               "drafter": None, "sampling": False, **overrides}
+    return resolve(config, task, None, **options)
+
+
+def test_the_tree_comes_from_the_profile_and_requests_set_its_depth_and_width():
+    config = SpeculationConfig.from_dict({"dynamic_tree": {"nodes": {"json": 8}, "depth": 4, "min_probability": 0.1}})
+    assert config.profiles["json"].tree == DynamicTree(8, 4, 2, 0.1)
+    assert config.profiles["code"].tree is None and config.profiles["text"].tree is None
+    assert resolved(config, "json").tree == DynamicTree(8, 4, 2, 0.1)
+    assert resolved(config, "json", num_draft_tokens=3, num_candidates=4).tree == DynamicTree(8, 3, 4, 0.1)
+    assert resolved(config, "json").num_candidates == 3  # the chains' settings are untouched
+    assert SpeculationConfig.from_dict({"dynamic_tree": {"nodes": 6}}).profiles["text"].tree == DynamicTree(6)
+    assert SpeculationConfig.from_dict({}).profiles["json"].tree is None
+    for bad in ({"nodes": -1}, {"nodes": 4, "depth": 0}, {"nodes": 4, "min_probability": 1.0}):
+        with pytest.raises(ValueError, match="dynamic_tree"):
+            SpeculationConfig.from_dict({"dynamic_tree": bad})
+
+
+def test_sampled_requests_and_the_draft_model_keep_chains(tiny_pair, tiny_eagle, monkeypatch):
+    """The tree needs greedy drafting with the head: a sampled request under rejection sampling, and the draft
+    model, draft the profile's chains (no tree_nodes on their calls)."""
+    from specdec.sampling import SamplingParams as Sampling
+
+    calls: list[StepRequest] = []
+    for method in ("eagle_step", "draft_step"):
+        original = getattr(InProcessBackend, method)
+
+        async def recording(self, request, original=original):
+            calls.append(request)
+            return await original(self, request)
+
+        monkeypatch.setattr(InProcessBackend, method, recording)
+    tree = DynamicTree(6, 3, 2, 0.0)
+    for drafter, acceptance, sampling in (("eagle", "rejection", Sampling(0.8, seed=3)), ("model", "greedy",
+                                                                                        Sampling())):
+        settings = SpeculationSettings("text", drafter, 2, 2, 1, acceptance, 0.7, explicit_length=True, tree=tree)
+        generator = SpeculativeGenerator(backend(tiny_pair, tiny_eagle), MAX_LENGTH)
+
+        async def run(generator=generator, settings=settings, sampling=sampling) -> None:
+            request = GenerationRequest(PROMPT, 12, settings=settings, sampling=sampling)
+            async for _ in generator.generate(request, 7, GenerationStats()):
+                pass
+
+        asyncio.run(run())
+    drafting = [call for call in calls if call.num_draft_tokens]
+    assert drafting and all(call.tree_nodes == 0 and call.num_candidates == 1 for call in drafting)
