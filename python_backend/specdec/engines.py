@@ -243,9 +243,10 @@ class _TreeNode:
 
 @dataclass
 class _DynamicTree:
-    """A dynamic draft tree (EAGLE-2, Li et al. 2024): each level scores the children of the `width` most
-    likely nodes of the level before (by the drafter's path probability, the product of its softmax along
-    the path), `depth` levels deep; the proposal is the `budget` most likely nodes of all that were scored.
+    """A dynamic draft tree (EAGLE-2, Li et al. 2024): each level scores the children of the `num_candidates`
+    most likely nodes of the level before (by the drafter's path probability, the product of its softmax along
+    the path), `num_draft_tokens` levels deep; the proposal is the `tree_nodes` most likely nodes of all that
+    were scored.
     A chain spends every verification row on one guess per position; this spends them where the drafter's
     probability mass is, so an unsure first token gets its runners-up and a sure one a long path.
 
