@@ -31,7 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python_backend"))
 
 from corpora import DOMAINS, read_jsonl  # noqa: E402
 from specdec.checkpoint import read_proposal_vocab  # noqa: E402
-from specdec.runtime.torch_llama import expand_logits, logit_gather_map  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GEN_TOKENS = {"json": 128, "code": 256, "prose": 512}
@@ -39,15 +38,19 @@ SMOKE_KEYS = {"json": "json", "code": "code", "prose": "text"}
 
 
 class SubsetHead(torch.nn.Module):
-    """An output layer restricted to a draft's proposal vocabulary, as the serving runtimes compute it."""
+    """An output layer restricted to a draft's proposal vocabulary, as the serving runtimes compute it, its
+    logits spread over the whole vocabulary (-inf outside the subset) for Hugging Face's generate."""
 
     def __init__(self, weight: torch.Tensor, proposal_ids: list[int]) -> None:
         super().__init__()
         self.weight = torch.nn.Parameter(weight[torch.as_tensor(proposal_ids)].clone(), requires_grad=False)
-        self.register_buffer("gather", logit_gather_map(proposal_ids, weight.shape[0]))
+        self.register_buffer("ids", torch.as_tensor(proposal_ids, dtype=torch.long))
+        self.vocab_size = weight.shape[0]
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return expand_logits(torch.nn.functional.linear(hidden, self.weight), self.gather)
+        subset = torch.nn.functional.linear(hidden, self.weight)
+        full = subset.new_full((*subset.shape[:-1], self.vocab_size), float("-inf"))
+        return full.index_copy(-1, self.ids, subset)
 
 
 def load(path: Path, dtype: torch.dtype):

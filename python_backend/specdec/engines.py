@@ -18,7 +18,7 @@ import numpy as np
 
 from specdec.errors import InvalidRequestError, SpecDecError
 from specdec.kv_cache import SlotEntry, SlotTable
-from specdec.runtime.base import DecoderRuntime, ForwardItem, ForwardOutput
+from specdec.runtime.base import DecoderRuntime, ForwardItem, ForwardOutput, expand_to_vocab
 from specdec.sampling import SamplingParams, make_rng, probabilities, sample
 
 EMPTY_IDS = np.zeros(0, dtype=np.int64)
@@ -170,10 +170,11 @@ class TargetEngine(_Engine):
             outputs = self._forward([item for _, _, item in batch])
             for (i, entry, item), output in zip(batch, outputs, strict=True):
                 entry.written_length = item.past_length + item.num_tokens
-                results[i].token_ids = output.logits.argmax(axis=-1).astype(np.int64)
+                logits = expand_to_vocab(output.logits, self.runtime.logit_ids, self.runtime.vocab_size)
+                results[i].token_ids = logits.argmax(axis=-1).astype(np.int64)
                 results[i].hidden = output.hidden
                 if requests[i].want_logits:
-                    results[i].logits = output.logits
+                    results[i].logits = logits
         return results
 
 
@@ -200,6 +201,9 @@ class _Growth:
     logits: list[np.ndarray] = field(default_factory=list)
     features: np.ndarray | None = None  # EAGLE: the features of the newest level's tokens (the head's own)
     finished: bool = False  # stopped before num_draft_tokens (min_confidence)
+    # The token id of each logits column when choose() reads the runtime's proposal-vocabulary columns (a
+    # greedy chain that keeps no logits); None: the logits it is given span the vocabulary.
+    columns: np.ndarray | None = None
 
     @property
     def width(self) -> int:
@@ -223,12 +227,15 @@ class _Growth:
         if count > 1:  # the first level of a tree: distinct top tokens, or independent draws from q
             row = logits[-1]
             if sampling.greedy:
-                return [int(t) for t in np.argsort(-row, kind="stable")[:count]]
+                return self._token_ids(np.argsort(-row, kind="stable")[:count])
             q = probabilities(row, sampling)[0]
             return [sample(q, self.rng) for _ in range(count)]
         if sampling.greedy:
-            return [int(row.argmax()) for row in logits]
+            return self._token_ids(logits.argmax(axis=-1))
         return [sample(q, self.rng) for q in probabilities(logits, sampling)]
+
+    def _token_ids(self, columns: np.ndarray) -> list[int]:
+        return [int(t) for t in (columns if self.columns is None else self.columns[columns])]
 
 
 @dataclass
@@ -260,6 +267,7 @@ class _DynamicTree:
     entry: SlotEntry
     request: StepRequest
     base: int  # first row after the catch-up input
+    columns: np.ndarray | None = None  # the token id of each logits column (None: they span the vocabulary)
     nodes: list[_TreeNode] = field(default_factory=list)
     frontier: list[int] = field(default_factory=list)  # the nodes the last forward scored the children of
     written: list[int] = field(default_factory=list)  # expanded nodes, in the slot's row order
@@ -282,8 +290,9 @@ class _DynamicTree:
             top = np.argpartition(-log_probs[r], count - 1)[:count]
             prior = self.nodes[parent].score if parent >= 0 else 0.0
             feature = hidden[r] if hidden is not None else None
-            for token in top[np.argsort(-log_probs[r, top], kind="stable")]:
-                self.nodes.append(_TreeNode(int(token), parent, prior + float(log_probs[r, token]), depth, feature))
+            for column in top[np.argsort(-log_probs[r, top], kind="stable")]:
+                token = int(column if self.columns is None else self.columns[column])
+                self.nodes.append(_TreeNode(token, parent, prior + float(log_probs[r, column]), depth, feature))
         if depth >= self.request.num_draft_tokens:
             return None
         scores = sorted((node.score for node in self.nodes), reverse=True)
@@ -345,6 +354,13 @@ class DraftEngine(_Engine):
         missing = self.runtime.feature_size - outputs.shape[-1]
         return np.pad(outputs, ((0, 0), (0, missing))) if missing > 0 else outputs
 
+    def _greedy_columns(self, request: StepRequest) -> np.ndarray | None:
+        """The runtime's logits columns where a chain can choose among them alone: greedy, no logits kept, no
+        confidence floor (which reads a token's probability by its id). Other chains get logits spread over
+        the vocabulary, exactly what they sampled from and what the rejection sampler reads back."""
+        plain = request.sampling.greedy and not request.want_logits and request.min_confidence <= 0
+        return self.runtime.logit_ids if plain else None
+
     def _features(self, request: StepRequest) -> np.ndarray | None:
         size = self.runtime.feature_size
         if not size:
@@ -377,8 +393,10 @@ class DraftEngine(_Engine):
                     raise InvalidRequestError("tree_nodes", "a dynamic tree is drafted greedily, without logits")
                 if k:
                     base = request.past_length + len(request.input_ids)
-                    growing.append(_DynamicTree(i, entry, request, base) if request.tree_nodes > 0 else
-                                   _Growth(i, entry, request, base, make_rng(request.sampling.seed)))
+                    growing.append(_DynamicTree(i, entry, request, base, self.runtime.logit_ids)
+                                   if request.tree_nodes > 0 else
+                                   _Growth(i, entry, request, base, make_rng(request.sampling.seed),
+                                           columns=self._greedy_columns(request)))
                     items.append(ForwardItem(entry.slot, request.past_length, np.asarray(request.input_ids),
                                              num_hidden=int(eagle), features=features))
                 elif len(request.input_ids):
@@ -395,6 +413,8 @@ class DraftEngine(_Engine):
             next_growing, next_items = [], []
             for growth, item, output in zip(growing, items, outputs, strict=True):
                 logits = output.logits
+                if isinstance(growth, _Growth) and growth.columns is None:
+                    logits = expand_to_vocab(logits, self.runtime.logit_ids, self.runtime.vocab_size)
                 growth.entry.written_length = item.end_row
                 if isinstance(growth, _DynamicTree):
                     follow = growth.advance(output, self._drafted_features)

@@ -138,7 +138,7 @@ def test_rejection_sampling_with_the_real_eagle_head_keeps_the_targets_law() -> 
     head's q (restricted to its proposal vocabulary), q computed from the target's real features."""
     import numpy as np
     from first_token_law import first_token_law_pvalue
-    from specdec.runtime.base import ForwardItem
+    from specdec.runtime.base import ForwardItem, expand_to_vocab
     from specdec.runtime.torch_llama import TorchLlamaRuntime
     from specdec.sampling import SamplingParams, probabilities
     from specdec.tokenizer import TextTokenizer
@@ -149,7 +149,9 @@ def test_rejection_sampling_with_the_real_eagle_head_keeps_the_targets_law() -> 
     out = target.forward_outputs([ForwardItem(0, 0, np.asarray(prompt), num_hidden=len(prompt))])[0]
     head = TorchLlamaRuntime(EAGLE, num_slots=1, max_length=64)
     draft = head.forward_outputs([ForwardItem(0, 0, np.asarray(prompt[1:]), features=out.hidden[:-1])])[0]
+    assert draft.logits.shape[-1] == len(head.logit_ids) == 4096  # the head's proposal vocabulary's columns
     params = SamplingParams(temperature=1.0)
-    p, q = probabilities(out.logits[-1], params)[0], probabilities(draft.logits[-1], params)[0]
+    q_logits = expand_to_vocab(draft.logits, head.logit_ids, head.vocab_size)
+    p, q = probabilities(out.logits[-1], params)[0], probabilities(q_logits[-1], params)[0]
     assert 0.1 < np.minimum(p, q).sum() < 1.0  # the head overlaps the target (0.19 here), and differs from it
     assert first_token_law_pvalue(p, q, draws=60_000) > 1e-3

@@ -16,10 +16,10 @@ from specdec.checkpoint import PROPOSAL_VOCAB_FILE, read_proposal_vocab
 from specdec.engines import DraftEngine, StepRequest, TargetEngine
 from specdec.inprocess import InProcessBackend
 from specdec.rejection_sampler import rejection_verify
-from specdec.runtime.base import ForwardItem
+from specdec.runtime.base import ForwardItem, ForwardOutput, expand_to_vocab
 from specdec.runtime.parity import logit_parity
 from specdec.runtime.torch_llama import TorchLlamaRuntime
-from specdec.sampling import sample
+from specdec.sampling import SamplingParams, sample
 from test_speculation_engine import (  # tests/unit is on sys.path (rootdir import)
     PROMPTS,
     assert_greedy_speculation_equals_plain,
@@ -106,6 +106,43 @@ def test_a_pruned_draft_only_proposes_subset_tokens(pruned_draft):
         assert set(np.asarray(proposal.token_ids).tolist()) <= set(SUBSET)
         draft.step([StepRequest(1, end=True)])
     assert draft.slots_in_use == 0
+
+
+class _VocabWide:
+    """A runtime's forwards with its logits spread over the vocabulary (the engine's path before it kept a
+    drafter's proposal-vocabulary columns), for comparing proposals."""
+
+    def __init__(self, runtime: TorchLlamaRuntime) -> None:
+        self.runtime = runtime
+        self.logit_ids = None
+
+    def __getattr__(self, name):
+        return getattr(self.runtime, name)
+
+    def forward_outputs(self, items):
+        return [ForwardOutput(expand_to_vocab(out.logits, self.runtime.logit_ids, self.runtime.vocab_size),
+                              out.hidden) for out in self.runtime.forward_outputs(items)]
+
+
+@pytest.mark.parametrize("shape", [
+    {"num_draft_tokens": 4},  # a greedy chain: chosen among the columns
+    {"num_draft_tokens": 3, "num_candidates": 3},  # a fixed tree
+    {"num_draft_tokens": 3, "num_candidates": 2, "tree_nodes": 5},  # a dynamic tree
+    {"num_draft_tokens": 3, "min_confidence": 0.05},  # a confidence floor: over the vocabulary
+    {"num_draft_tokens": 3, "sampling": SamplingParams(temperature=0.8, seed=5), "want_logits": True},
+])
+def test_proposals_from_the_proposal_vocabulary_columns_equal_the_vocabulary_wide_ones(pruned_draft, shape):
+    columns = DraftEngine(TorchLlamaRuntime(pruned_draft, num_slots=1, max_length=64), idle_timeout_s=60)
+    wide = DraftEngine(_VocabWide(TorchLlamaRuntime(pruned_draft, num_slots=1, max_length=64)), idle_timeout_s=60)
+    assert len(columns.runtime.logit_ids) == len(SUBSET)
+    for prompt in PROMPTS:
+        got, expected = (engine.step([StepRequest(1, 0, np.array(prompt), start=True, end=True, **shape)])[0]
+                         for engine in (columns, wide))
+        assert got.error is None and np.array_equal(got.token_ids, expected.token_ids)
+        assert np.array_equal(got.parents, expected.parents)
+        if shape.get("want_logits"):  # the rejection sampler reads q over the vocabulary, zero outside the subset
+            assert got.logits.shape == (3, 96) and np.array_equal(got.logits, expected.logits)
+            assert np.isneginf(np.delete(got.logits, SUBSET, axis=1)).all()
 
 
 def test_rejection_sampling_keeps_the_target_law_when_q_is_zero_outside_the_subset():

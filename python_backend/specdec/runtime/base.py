@@ -59,7 +59,8 @@ class ForwardItem:
 
 @dataclass
 class ForwardOutput:
-    """One item's results: fp32 logits [num_logits, vocab]; fp32 hidden states [num_hidden, hidden] (None when
+    """One item's results: fp32 logits [num_logits, columns] (columns: the whole vocabulary, or a drafter's proposal
+    vocabulary, `DecoderRuntime.logit_ids`); fp32 hidden states [num_hidden, hidden] (None when
     `num_hidden` is 0)."""
 
     logits: np.ndarray
@@ -73,11 +74,29 @@ def make_pool(num_slots: int, max_length: int, num_blocks: int | None, block_siz
     return BlockPool(num_blocks or num_slots * blocks_for(max_length, block_size), block_size, num_slots)
 
 
+def expand_to_vocab(logits: np.ndarray, logit_ids: np.ndarray | None, vocab_size: int) -> np.ndarray:
+    """Logits over `logit_ids` columns -> [..., vocab_size] with -inf for every other token (unchanged when
+    `logit_ids` is None: the columns are already the vocabulary)."""
+    if logit_ids is None:
+        return logits
+    full = np.full((*logits.shape[:-1], vocab_size), -np.inf, dtype=np.float32)
+    full[..., logit_ids] = logits
+    return full
+
+
 class DecoderRuntime(ABC):
-    """A decoder with a paged KV cache: `kv` holds the block tables, the subclass the arrays."""
+    """A decoder with a paged KV cache: `kv` holds the block tables, the subclass the arrays.
+
+    `logit_ids`: the token id of every logits column where the checkpoint has a proposal vocabulary
+    (specdec.checkpoint.read_proposal_vocab; a drafter's output layer keeps only those rows), None where the
+    columns are the whole vocabulary. A drafter's logits stay over those columns through the engine (an argmax
+    or top-k over 4,096 columns instead of 49,152, and no graph op spreading them over the vocabulary, which
+    cost the EAGLE head a third of its graph time); `forward` expands them for callers that want the vocabulary.
+    """
 
     spec: ModelSpec
     vocab_size: int
+    logit_ids: np.ndarray | None = None
     num_slots: int
     max_length: int
     kv: BlockPool
@@ -119,8 +138,18 @@ class DecoderRuntime(ABC):
 
     def forward(self, items: list[ForwardItem]) -> list[np.ndarray]:
         """Run one padded forward for all items; returns, per item, fp32 logits [num_logits, vocab]
-        for its last `num_logits` input positions."""
-        return [output.logits for output in self.forward_outputs(items)]
+        for its last `num_logits` input positions (-inf outside a proposal vocabulary)."""
+        return [expand_to_vocab(output.logits, self.logit_ids, self.vocab_size)
+                for output in self.forward_outputs(items)]
+
+    def columns_of(self, token_ids: np.ndarray) -> np.ndarray:
+        """The logits columns of `token_ids` (-1 for a token outside a proposal vocabulary)."""
+        token_ids = np.asarray(token_ids, dtype=np.int64)
+        if self.logit_ids is None:
+            return token_ids
+        lookup = np.full(self.vocab_size, -1, dtype=np.int64)
+        lookup[self.logit_ids] = np.arange(len(self.logit_ids))
+        return lookup[token_ids]
 
     @abstractmethod
     def forward_outputs(self, items: list[ForwardItem]) -> list[ForwardOutput]:

@@ -17,7 +17,8 @@ from specdec.checkpoint import PROPOSAL_VOCAB_FILE, read_proposal_vocab, read_sp
 # Bump when inputs, outputs or semantics change: cached exports are then rebuilt. 2: model families (biases,
 # q/k norms, rotary types from transformers). 3: the hidden_states output; EAGLE heads' features input.
 # 4: attention and output-layer products of at least two rows (bit-identical decode and verification).
-GRAPH_VERSION = 4
+# 5: a drafter's logits over its proposal vocabulary only (the runtime knows the columns' token ids).
+GRAPH_VERSION = 5
 PRECISIONS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # TensorRT build flag -> graph dtype
 DEFAULT_PRECISION = "fp16"
 INPUTS = ("input_ids", "position_ids", "attention_mask", "past_keys", "past_values", "logit_rows")

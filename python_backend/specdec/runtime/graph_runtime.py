@@ -35,8 +35,10 @@ class SlottedGraphRuntime(DecoderRuntime):
     max_step_tokens: int | None = None  # new tokens per item per graph call (None: unlimited)
 
     def __init__(self, spec: ModelSpec, num_slots: int, max_length: int, dtype: Any, device: Any = "cpu",
-                 num_blocks: int | None = None, block_size: int | None = None) -> None:
+                 num_blocks: int | None = None, block_size: int | None = None,
+                 proposal_ids: list[int] | None = None) -> None:
         self.spec = spec
+        self.logit_ids = None if proposal_ids is None else np.asarray(proposal_ids, dtype=np.int64)
         self.vocab_size = spec.vocab_size
         self.num_slots = num_slots
         self.max_length = max_length

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.checkpoint import read_spec
+from specdec.checkpoint import read_proposal_vocab, read_spec
 from specdec.runtime.graph_contract import (
     META_PREFIX,
     ONNX_FILE,
@@ -174,7 +174,8 @@ class OnnxLlamaRuntime(SlottedGraphRuntime):
             raise ValueError(f"the onnxruntime runtime runs {', '.join(NUMPY_DTYPES)} graphs, not {dtype!r}")
         spec = read_spec(model_dir)
         max_length = spec.served_length(max_length)
-        super().__init__(spec, num_slots, max_length, NUMPY_DTYPES[dtype], "cpu", num_blocks, block_size)
+        super().__init__(spec, num_slots, max_length, NUMPY_DTYPES[dtype], "cpu", num_blocks, block_size,
+                         read_proposal_vocab(model_dir, spec.vocab_size))
         if weight_quantization is not None:
             require_known(weight_quantization)
         self.onnx_path = (Path(onnx_path) if onnx_path

@@ -11,7 +11,8 @@ inputs
     logit_rows      int64 [num_logits]                             rows of the flattened [batch*new_tokens]
     features        fp32  [batch, new_tokens, feature_size]       EAGLE heads only: each token's feature
 outputs
-    logits          fp32  [num_logits, vocab]
+    logits          fp32  [num_logits, vocab]  (a drafter with a proposal vocabulary: [num_logits, its size],
+                                                  the columns DecoderRuntime.logit_ids names)
     new_keys        dtype [layers, batch, kv_heads, new_tokens, head_dim]  KV of the new tokens only
     new_values      dtype [layers, batch, kv_heads, new_tokens, head_dim]
     hidden_states   fp32  [batch*new_tokens, feature_width]        final-normed hidden state of every row
@@ -41,7 +42,7 @@ import torch.nn.functional as F
 
 from specdec.checkpoint import ModelSpec, load_state_dict, read_proposal_vocab, read_spec
 from specdec.runtime.graph_contract import DYNAMIC_AXES, META_PREFIX, OUTPUTS, graph_inputs, graph_metadata
-from specdec.runtime.torch_llama import LlamaWeights, expand_logits, rotate_half
+from specdec.runtime.torch_llama import LlamaWeights, rotate_half
 
 OPSET = 17
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -74,7 +75,6 @@ class LlamaStepGraph(torch.nn.Module):
         w = LlamaWeights(spec, state, dtype, "cpu", proposal_ids)
         self.register_buffer("embed", w.embed)
         self.register_buffer("lm_head", w.lm_head)
-        self.register_buffer("logit_gather", w.logit_gather)
         self.register_buffer("final_norm", w.final_norm)
         self.register_buffer("eagle_fc", w.eagle_fc)
         self.register_buffer("eagle_fc_bias", w.eagle_fc_bias)
@@ -148,8 +148,6 @@ class LlamaStepGraph(torch.nn.Module):
         # One more logit row (the first again, dropped after), for the reason of the extra query row.
         rows = torch.cat([logit_rows, logit_rows[:1]])
         logits = _cast(F.linear(normed.index_select(0, rows), self.lm_head)[:-1], torch.float32)
-        if self.logit_gather is not None:
-            logits = expand_logits(logits, self.logit_gather)
         return logits, torch.stack(new_keys), torch.stack(new_values), features
 
 

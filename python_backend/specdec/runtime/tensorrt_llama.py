@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec.checkpoint import ModelSpec, read_spec
+from specdec.checkpoint import ModelSpec, read_proposal_vocab, read_spec
 from specdec.runtime.graph_contract import INPUTS, OUTPUTS, PRECISIONS, checkpoint_fingerprint, graph_inputs
 from specdec.runtime.graph_runtime import SlottedGraphRuntime
 
@@ -214,7 +214,8 @@ class TensorRTLlamaRuntime(SlottedGraphRuntime):
             torch_device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(torch_device)
         meta.check(model_dir, max_length, trt.__version__, device_capability(torch_device))
-        super().__init__(spec, num_slots, max_length, meta.dtype, torch_device, num_blocks, block_size)
+        super().__init__(spec, num_slots, max_length, meta.dtype, torch_device, num_blocks, block_size,
+                         read_proposal_vocab(model_dir, spec.vocab_size))
         self.meta = meta
         self.max_batch, self.max_step_tokens = meta.limits
         self._logger = trt.Logger(trt.Logger.WARNING)

@@ -29,21 +29,6 @@ from specdec.runtime.base import DecoderRuntime, ForwardItem, ForwardOutput, mak
 from specdec.runtime.layout import plan_batch
 
 
-def logit_gather_map(proposal_ids: list[int], vocab_size: int) -> torch.Tensor:
-    """For each vocabulary id, its column in [subset logits, one -inf column]: a Gather that expands the
-    restricted logits of a draft with a proposal vocabulary (specdec.checkpoint.read_proposal_vocab) to the
-    full vocabulary (cheap, and exports to ONNX/TensorRT as a single Gather)."""
-    gather = torch.full((vocab_size,), len(proposal_ids), dtype=torch.long)
-    gather[torch.as_tensor(proposal_ids, dtype=torch.long)] = torch.arange(len(proposal_ids), dtype=torch.long)
-    return gather
-
-
-def expand_logits(subset_logits: torch.Tensor, gather: torch.Tensor) -> torch.Tensor:
-    """[..., subset] logits -> [..., vocab] with -inf for the tokens outside the subset."""
-    masked = torch.full_like(subset_logits[..., :1], float("-inf"))
-    return torch.cat([subset_logits, masked], dim=-1).index_select(-1, gather)
-
-
 class LlamaWeights:
     """Checkpoint tensors regrouped for few, large matmuls (fused QKV and gate/up projections).
 
@@ -64,10 +49,8 @@ class LlamaWeights:
         self.embed = get("model.embed_tokens.weight")
         self.lm_head = self.embed if spec.tie_word_embeddings else get("lm_head.weight")
         # A draft restricted to a proposal vocabulary keeps only those rows of its output layer.
-        self.logit_gather: torch.Tensor | None = None
-        if proposal_ids is not None:
+        if proposal_ids is not None:  # logits over those columns only (DecoderRuntime.logit_ids)
             self.lm_head = self.lm_head[torch.as_tensor(proposal_ids, device=device)].contiguous()
-            self.logit_gather = logit_gather_map(proposal_ids, spec.vocab_size).to(device)
         self.final_norm = get("model.norm.weight")
         # An EAGLE head's input projection: [token embedding, feature] -> hidden (specdec.checkpoint).
         self.eagle_fc = get(EAGLE_FC_WEIGHT) if spec.is_eagle else None
@@ -133,8 +116,9 @@ class TorchLlamaRuntime(DecoderRuntime):
         self.max_length = self.spec.served_length(max_length)
         self.dtype = dtype
         self.device = device
-        self.weights = LlamaWeights(self.spec, load_state_dict(model_dir), dtype, device,
-                                    read_proposal_vocab(model_dir, self.spec.vocab_size))
+        proposal_ids = read_proposal_vocab(model_dir, self.spec.vocab_size)
+        self.logit_ids = None if proposal_ids is None else np.asarray(proposal_ids, dtype=np.int64)
+        self.weights = LlamaWeights(self.spec, load_state_dict(model_dir), dtype, device, proposal_ids)
         s = self.spec
         self.kv = make_pool(num_slots, self.max_length, num_blocks, block_size)
         cache_shape = (s.num_kv_heads, self.kv.num_rows, s.head_dim)
@@ -220,8 +204,6 @@ class TorchLlamaRuntime(DecoderRuntime):
         rows = torch.as_tensor(plan.logit_rows, dtype=torch.long, device=self.device)
         last = rms_norm(flat[rows], w.final_norm, s.rms_norm_eps)
         logits = F.linear(last, w.lm_head).float()
-        if w.logit_gather is not None:
-            logits = expand_logits(logits, w.logit_gather)
         hidden_all = None
         if len(plan.hidden_rows):  # the features of the rows asked for, scattered back into [B * W] rows
             hidden_rows = torch.as_tensor(plan.hidden_rows, dtype=torch.long, device=self.device)
