@@ -149,6 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--prompts", type=int, default=3, help="held-out chat requests per domain")
     ap.add_argument("--confidence", type=int, default=0, help="study the head's confidence drafting this many")
     ap.add_argument("--repository", type=Path, default=ROOT / "model_repository")
+    ap.add_argument("--domains", default="json,code,prose", help="comma-separated scenarios to run")
     args = ap.parse_args(argv)
     if not args.settings and not args.confidence:
         ap.error("name settings to compare, or --confidence K")
@@ -158,6 +159,8 @@ def main(argv: list[str] | None = None) -> dict:
     scenarios = json.loads(PROMPTS.read_text(encoding="utf-8"))["scenarios"]
     report: dict = {}
     for domain, scenario in scenarios.items():
+        if domain not in args.domains.split(","):
+            continue
         prompts = [tokenizer.encode(p["prompt"]) for p in scenario["prompts"][:args.prompts]]
         if args.confidence:
             report[domain] = confidence_study(target, head, prompts, scenario["max_tokens"], args.confidence)

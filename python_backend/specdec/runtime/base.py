@@ -142,15 +142,6 @@ class DecoderRuntime(ABC):
         return [expand_to_vocab(output.logits, self.logit_ids, self.vocab_size)
                 for output in self.forward_outputs(items)]
 
-    def columns_of(self, token_ids: np.ndarray) -> np.ndarray:
-        """The logits columns of `token_ids` (-1 for a token outside a proposal vocabulary)."""
-        token_ids = np.asarray(token_ids, dtype=np.int64)
-        if self.logit_ids is None:
-            return token_ids
-        lookup = np.full(self.vocab_size, -1, dtype=np.int64)
-        lookup[self.logit_ids] = np.arange(len(self.logit_ids))
-        return lookup[token_ids]
-
     @abstractmethod
     def forward_outputs(self, items: list[ForwardItem]) -> list[ForwardOutput]:
         """`forward` with the hidden states each item asked for (`num_hidden`)."""
