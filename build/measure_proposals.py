@@ -153,13 +153,16 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     if not args.settings and not args.confidence:
         ap.error("name settings to compare, or --confidence K")
+    scenarios = json.loads(PROMPTS.read_text(encoding="utf-8"))["scenarios"]
+    domains = args.domains.split(",")
+    if unknown := set(domains) - set(scenarios):
+        ap.error(f"--domains: no scenario {', '.join(sorted(unknown))} (there are {', '.join(scenarios)})")
     target = TargetEngine(served_runtime(args.repository / "target_model/1"), 60)
     head = DraftEngine(served_runtime(args.repository / "eagle_draft/1"), 60)
     tokenizer = TextTokenizer(args.repository / "target_model/1")
-    scenarios = json.loads(PROMPTS.read_text(encoding="utf-8"))["scenarios"]
     report: dict = {}
     for domain, scenario in scenarios.items():
-        if domain not in args.domains.split(","):
+        if domain not in domains:
             continue
         prompts = [tokenizer.encode(p["prompt"]) for p in scenario["prompts"][:args.prompts]]
         if args.confidence:

@@ -51,3 +51,10 @@ def test_a_floor_pays_for_the_forward_that_scored_the_token_it_dropped() -> None
     assert out["p>=0.5"]["estimated_speedup"] == pytest.approx((1 + 1.0) * 0.05 / (0.05 + 0.01 * 3), abs=1e-3)
     # k=2 accepts min(accepted, 2) = 2, 0, 1 for two forwards each.
     assert out["k=2"]["estimated_speedup"] == pytest.approx((1 + 1.0) * 0.05 / (0.05 + 0.01 * 2), abs=1e-3)
+
+
+def test_an_unknown_domain_is_refused_before_any_model_loads(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        measure_proposals.main(["--domains", "json,jsn", "eagle+ngram:profile", "--repository", "/nonexistent"])
+    assert exit_info.value.code == 2
+    assert "no scenario jsn" in capsys.readouterr().err
