@@ -6,7 +6,8 @@ The YAML mirrors DESIGN.md §4:
       base_length: {json: 8, code: 6, text: [4, 12]}   # a range means adaptive
       candidate_num: {default: 3, high_precision: 5}
       draft_confidence: {json: 0.5, code: 0.5, text: 0.3}   # 0 or absent: chains of the full length
-      dynamic_tree: {nodes: {json: 8, code: 8, text: 0}, depth: 5, width: 2, min_probability: 0.1}
+      dynamic_tree: {nodes: {json: 8, code: 8, text: 0}, depth: 5, width: 2, min_probability: 0.1,
+                     max_sequences: 8}   # above 8 sequences generating: chains
       verify_threshold: 0.7
       fallback: {min_acceptance_rate: 0.40, window_s: 300}
 """
@@ -71,16 +72,28 @@ class DynamicTree:
     """The EAGLE head's dynamic draft tree (EAGLE-2; specdec.engines._DynamicTree, docs/SPECULATION.md): at most
     `nodes` nodes, `depth` levels, the children of `width` nodes scored per level, no node whose path probability
     under the head is below `min_probability`. Used for greedy drafting with the head; a sampled request (which
-    needs one distribution per branch to stay lossless) and the draft model keep the profile's chains."""
+    needs one distribution per branch to stay lossless) and the draft model keep the profile's chains.
+
+    `max_sequences` (0: no limit): trees only while at most that many sequences are generating on the instance;
+    above it the profile's chains. A tree verifies its nodes for a few more accepted tokens, which pays while the
+    target's step is bound by reading its weights (few sequences) and not once a batched step is bound by its
+    rows (docs/SPECULATION.md, "Trees under load")."""
 
     nodes: int
     depth: int = 5
     width: int = 2
     min_probability: float = 0.0
+    max_sequences: int = 0
 
     def __post_init__(self) -> None:
-        if not (self.nodes >= 1 and self.depth >= 1 and self.width >= 1 and 0.0 <= self.min_probability < 1.0):
-            raise ValueError(f"dynamic_tree needs nodes, depth, width >= 1 and min_probability in [0, 1): {self}")
+        if not (self.nodes >= 1 and self.depth >= 1 and self.width >= 1 and 0.0 <= self.min_probability < 1.0
+                and self.max_sequences >= 0):
+            raise ValueError("dynamic_tree needs nodes, depth, width >= 1, min_probability in [0, 1) and "
+                             f"max_sequences >= 0: {self}")
+
+    def serves(self, sequences: int) -> bool:
+        """Whether a tree is drafted while `sequences` sequences are generating."""
+        return not self.max_sequences or sequences <= self.max_sequences
 
     @classmethod
     def for_task(cls, raw: dict[str, Any], task: str) -> DynamicTree | None:
@@ -92,7 +105,8 @@ class DynamicTree:
         if not nodes:
             return None
         return cls(nodes, int(raw.get("depth", cls.depth)), int(raw.get("width", cls.width)),
-                   float(raw.get("min_probability", cls.min_probability)))
+                   float(raw.get("min_probability", cls.min_probability)),
+                   int(raw.get("max_sequences", cls.max_sequences)))
 
 
 @dataclass(frozen=True)

@@ -147,6 +147,7 @@ class SpeculativeGenerator:
         self.costs = costs or CostModel()
         self.monitors = monitors or {}
         self._clock = clock
+        self.sequences = 0  # generating now (the load a dynamic tree's max_sequences reads)
 
     def validate(self, request: GenerationRequest) -> None:
         if not request.prompt_ids:
@@ -167,10 +168,12 @@ class SpeculativeGenerator:
     ) -> AsyncIterator[GenerationUpdate]:
         self.validate(request)
         run = _Run(self, request, sequence_id, stats if stats is not None else GenerationStats())
+        self.sequences += 1
         try:
             async for update in run.loop(is_cancelled):
                 yield update
         finally:
+            self.sequences -= 1
             await run.release()
 
 
@@ -192,10 +195,12 @@ class _Run:
         self.need_target_logits = not self.sampling.greedy or self.settings.acceptance != "greedy"
         self.estimate = AcceptanceEstimate()
         self.lookup_estimate = AcceptanceEstimate()  # prompt lookup's own acceptance: its adaptive length
-        # What adaptive lengths are chosen by. A sampled request with a seed must give the same text on any load,
-        # and its text depends on what was proposed (rejection sampling draws per proposal), so it chooses from
-        # the cost model's priors and its own acceptance only, not from the instance's measured call times.
-        self.length_costs = gen.costs if self.sampling.greedy or self.sampling.seed is None else CostModel()
+        # A sampled request with a seed must give the same text on any load, and its text depends on what was
+        # proposed (rejection sampling draws per proposal), so it chooses adaptive lengths from the cost model's
+        # priors and its own acceptance only, not from the instance's measured call times, and drafts the
+        # profile's dynamic tree whatever the number of sequences generating.
+        self.load_independent = not self.sampling.greedy and self.sampling.seed is not None
+        self.length_costs = CostModel() if self.load_independent else gen.costs
         self.monitor = gen.monitors.get(self.settings.task)
         self.speculate = self.settings.enabled
         # The drafter that keeps a KV slot: the draft model, or the EAGLE head (which also needs the target's
@@ -365,9 +370,13 @@ class _Run:
 
     def _dynamic_tree(self) -> DynamicTree | None:
         """The profile's dynamic tree where this request drafts one: with the EAGLE head, drafting greedily (a
-        sampled request under rejection sampling keeps the profile's chains)."""
+        sampled request under rejection sampling keeps the profile's chains), while no more sequences are
+        generating than the tree's `max_sequences`."""
+        tree = self.settings.tree
         greedy_drafting = self.settings.acceptance != "rejection" or self.sampling.greedy
-        return self.settings.tree if self.eagle is not None and greedy_drafting else None
+        if tree is None or self.eagle is None or not greedy_drafting:
+            return None
+        return tree if self.load_independent or tree.serves(self.gen.sequences) else None
 
     def _lookup_length(self) -> int:
         """Prompt lookup's most tokens this iteration, in front of a model drafter (adaptive: PromptLookup)."""

@@ -175,3 +175,76 @@ def test_sampled_requests_and_the_draft_model_keep_chains(tiny_pair, tiny_eagle,
         asyncio.run(run())
     drafting = [call for call in calls if call.num_draft_tokens]
     assert drafting and all(call.tree_nodes == 0 and call.num_candidates == 1 for call in drafting)
+
+
+def _recording(monkeypatch) -> list[StepRequest]:
+    calls: list[StepRequest] = []
+    original = InProcessBackend.eagle_step
+
+    async def recording(self, request):
+        calls.append(request)
+        return await original(self, request)
+
+    monkeypatch.setattr(InProcessBackend, "eagle_step", recording)
+    return calls
+
+
+@pytest.mark.parametrize(("others", "max_sequences", "trees"), [(0, 0, True), (0, 1, True), (2, 3, True),
+                                                                (3, 3, False), (15, 8, False)])
+def test_a_tree_is_drafted_while_no_more_sequences_generate_than_its_max(tiny_pair, tiny_eagle, monkeypatch, others,
+                                                                         max_sequences, trees):
+    """With `others` sequences already generating on the instance, a greedy request drafts the tree when it makes
+    at most `max_sequences` (0: no limit), the profile's chains otherwise; its output is plain decoding's either
+    way, and the count is back to what it was when it ends."""
+    plain, _ = generate(backend(tiny_pair, tiny_eagle), SpeculationSettings("text", "model", 0, 0, 1, "greedy", 0.7))
+    calls = _recording(monkeypatch)
+    settings = SpeculationSettings("text", "eagle", 3, 3, 1, "greedy", 0.7, explicit_length=True,
+                                   tree=DynamicTree(6, 3, 2, 0.0, max_sequences))
+    generator = SpeculativeGenerator(backend(tiny_pair, tiny_eagle), MAX_LENGTH)
+    generator.sequences = others
+
+    async def run() -> list[int]:
+        tokens: list[int] = []
+        async for update in generator.generate(GenerationRequest(PROMPT, 40, settings=settings), 7):
+            tokens += update.token_ids
+        return tokens
+
+    assert asyncio.run(run()) == plain
+    assert generator.sequences == others
+    drafting = [call for call in calls if call.num_draft_tokens]
+    assert drafting and all((call.tree_nodes > 0) == trees for call in drafting)
+    assert max(call.num_draft_tokens for call in drafting) == 3  # the tree's depth, or the chain's k
+
+
+def test_a_seeded_sampled_request_drafts_its_tree_on_any_load(tiny_pair, tiny_eagle, monkeypatch):
+    """A sampled request with a seed gives the same text on any load: under typical acceptance it drafts the
+    tree however many sequences are generating (an unseeded one follows the load)."""
+    calls = _recording(monkeypatch)
+    settings = SpeculationSettings("text", "eagle", 3, 3, 1, "typical", 0.7, explicit_length=True,
+                                   tree=DynamicTree(6, 3, 2, 0.0, max_sequences=1))
+    texts = []
+    for others, seed in ((0, 5), (4, 5), (4, None)):
+        calls.clear()
+        generator = SpeculativeGenerator(backend(tiny_pair, tiny_eagle), MAX_LENGTH)
+        generator.sequences = others
+
+        async def run(generator=generator, seed=seed) -> list[int]:
+            tokens: list[int] = []
+            request = GenerationRequest(PROMPT, 24, settings=settings, sampling=SamplingParams(0.9, seed=seed))
+            async for update in generator.generate(request, 7):
+                tokens += update.token_ids
+            return tokens
+
+        texts.append(asyncio.run(run()))
+        drafting = [call for call in calls if call.num_draft_tokens]
+        assert drafting and all((call.tree_nodes > 0) == (seed is not None) for call in drafting)
+    assert texts[0] == texts[1]
+
+
+def test_the_trees_max_sequences_comes_from_the_profile():
+    config = SpeculationConfig.from_dict({"dynamic_tree": {"nodes": {"code": 8}, "max_sequences": 8}})
+    assert config.profiles["code"].tree == DynamicTree(8, 5, 2, 0.0, 8)
+    assert config.profiles["code"].tree.serves(8) and not config.profiles["code"].tree.serves(9)
+    assert DynamicTree(8).serves(1000)  # 0: no limit
+    with pytest.raises(ValueError, match="max_sequences"):
+        SpeculationConfig.from_dict({"dynamic_tree": {"nodes": 4, "max_sequences": -1}})
