@@ -7,7 +7,7 @@ The YAML mirrors DESIGN.md §4:
       candidate_num: {default: 3, high_precision: 5}
       draft_confidence: {json: 0.5, code: 0.5, text: 0.3}   # 0 or absent: chains of the full length
       dynamic_tree: {nodes: {json: 8, code: 8, text: 0}, depth: 5, width: 2, min_probability: 0.1,
-                     max_sequences: 8}   # above 8 sequences generating: chains
+                     max_sequences: 2}   # above 2 sequences generating: chains
       verify_threshold: 0.7
       fallback: {min_acceptance_rate: 0.40, window_s: 300}
 """

@@ -349,8 +349,9 @@ class _Run:
         room = min(self.request.rows_needed, self.gen.max_context_length) - len(self.tokens) - 1
         return max(min(remaining - 1, room), 0)
 
-    def _choose_length(self) -> int:
-        """The profile drafter's k for this iteration (0: a plain step, or fallen back)."""
+    def _choose_length(self, tree: DynamicTree | None) -> int:
+        """The profile drafter's k for this iteration (0: a plain step, or fallen back); a dynamic tree's depth
+        where this iteration drafts `tree`."""
         s = self.settings
         if not self.speculate:
             return 0
@@ -363,8 +364,8 @@ class _Run:
         k = s.min_length
         if s.adaptive:
             k = choose_length(self.estimate.rate, s.min_length, s.max_length, s.num_candidates, self.length_costs)
-        if self._dynamic_tree() is not None:  # its depth; at most its nodes (_propose_with_model)
-            return min(self._dynamic_tree().depth, self._length_cap())
+        if tree is not None:  # its depth; at most its nodes (_propose_with_model)
+            return min(tree.depth, self._length_cap())
         # A tree holds k x candidates nodes.
         return min(k, self._length_cap() // max(s.num_candidates, 1))
 
@@ -391,14 +392,15 @@ class _Run:
             proposal = await self.lookup.propose(self.tokens, self._lookup_length())
             if proposal is not None:
                 return proposal, False
-        k = self._choose_length()
+        tree = self._dynamic_tree()  # decided once per iteration: the load can change at the next await
+        k = self._choose_length(tree)
         if k <= 0:
             return None, False
         if self.model_drafter is None:
             return (await self.lookup.propose(self.tokens, k) if self.lookup is not None else None), False
-        return await self._propose_with_model(k), True
+        return await self._propose_with_model(k, tree), True
 
-    async def _propose_with_model(self, k: int) -> Proposal | None:
+    async def _propose_with_model(self, k: int, tree: DynamicTree | None) -> Proposal | None:
         lossless_sampling = self.settings.acceptance == "rejection" and not self.sampling.greedy
         draft_sampling = SamplingParams(
             self.sampling.temperature, self.sampling.top_k, self.sampling.top_p,
@@ -406,7 +408,6 @@ class _Run:
         ) if lossless_sampling else SamplingParams()
         started = self.gen._clock()
         try:
-            tree = self._dynamic_tree()
             if tree is not None:
                 proposal = await self.eagle.propose(self.tokens, k, tree.width, draft_sampling, want_probs=False,
                                                     min_confidence=tree.min_probability,
