@@ -130,8 +130,8 @@ def build_engine(onnx_path: Path, plan: EnginePlan, timing_cache: Path | None = 
         raise RuntimeError(f"TensorRT could not parse {onnx_path}:\n{errors}")
     spec = read_spec(plan.checkpoint)
     names = [network.get_input(i).name for i in range(network.num_inputs)]
-    if names != list(graph_inputs(spec.is_eagle)):
-        raise RuntimeError(f"{onnx_path}: inputs {names}, expected {list(graph_inputs(spec.is_eagle))}")
+    if names != list(graph_inputs(spec)):
+        raise RuntimeError(f"{onnx_path}: inputs {names}, expected {list(graph_inputs(spec))}")
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(plan.workspace_gib * (1 << 30)))
     config.builder_optimization_level = plan.optimization_level
@@ -181,7 +181,7 @@ def build_one(plan: EnginePlan, timing_cache: Path | None = None) -> EngineMetad
     meta = EngineMetadata(
         model=plan.model, role=plan.role, precision=plan.precision,
         checkpoint_fingerprint=checkpoint_fingerprint(plan.checkpoint), spec=spec_dict(read_spec(plan.checkpoint)),
-        inputs=list(graph_inputs(read_spec(plan.checkpoint).is_eagle)),
+        inputs=list(graph_inputs(read_spec(plan.checkpoint))),
         max_length=plan.max_length, num_slots=plan.num_slots, profiles=plan.describe()["profiles"],
         tensorrt_version=trt.__version__, device_name=torch.cuda.get_device_name(),
         compute_capability=f"{major}.{minor}", onnx_sha256=sha256_of(onnx_path),

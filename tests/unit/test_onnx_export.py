@@ -21,10 +21,10 @@ ort = pytest.importorskip("onnxruntime")
 from specdec.checkpoint import read_spec  # noqa: E402
 from specdec.runtime.base import ForwardItem  # noqa: E402
 from specdec.runtime.graph_contract import (  # noqa: E402
-    DYNAMIC_AXES,
-    INPUTS,
     OUTPUTS,
     checkpoint_fingerprint,
+    dynamic_axes,
+    graph_inputs,
     read_graph_metadata,
 )
 from specdec.runtime.onnx_llama import OnnxLlamaRuntime, export_is_current  # noqa: E402
@@ -94,11 +94,11 @@ def test_graph_interface_and_metadata(tiny_pair, tmp_path):
     path = export_decoder(target_dir, tmp_path / "decoder.onnx")
     model = onnx.load(str(path))
     onnx.checker.check_model(model, full_check=True)
-    assert [i.name for i in model.graph.input] == list(INPUTS)
+    assert [i.name for i in model.graph.input] == list(graph_inputs(read_spec(target_dir)))
     assert [o.name for o in model.graph.output] == list(OUTPUTS)
     for value in list(model.graph.input) + list(model.graph.output):
         dims = value.type.tensor_type.shape.dim
-        for axis, name in DYNAMIC_AXES[value.name].items():
+        for axis, name in dynamic_axes(value.name).items():
             assert dims[axis].dim_param == name, (value.name, axis)
     meta = read_graph_metadata(path)
     assert meta["checkpoint_fingerprint"] == checkpoint_fingerprint(target_dir)
@@ -113,11 +113,11 @@ def test_dynamic_axes_accept_other_sizes(tiny_pair, tmp_path):
     path = export_decoder(target_dir, tmp_path / "d.onnx")
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     for batch, width, past in ((1, 1, 1), (4, 9, 30), (3, 2, 7)):
-        feeds = dict(zip(INPUTS, (t.numpy() for t in example_inputs(spec, torch.float32, batch, width, past)),
-                         strict=True))
+        feeds = dict(zip(graph_inputs(spec), (t.numpy() for t in example_inputs(spec, torch.float32, batch, width,
+                                                                                      past)), strict=True))
         logits, new_keys, new_values, hidden = session.run(None, feeds)
         assert logits.shape == (batch * width - 1, spec.vocab_size)
-        assert new_keys.shape == new_values.shape == (spec.num_layers, batch, spec.num_kv_heads, width, spec.head_dim)
+        assert new_keys.shape == new_values.shape == (spec.num_layers, spec.num_kv_heads, batch, width, spec.head_dim)
         assert hidden.shape == (batch * width, spec.hidden_size)
 
 
@@ -181,12 +181,12 @@ def test_fp16_export_runs_close_and_bf16_export_is_valid(tiny_pair, tmp_path):
     target_dir, _ = tiny_pair
     spec = read_spec(target_dir)
     feeds32 = [t.numpy() for t in example_inputs(spec, torch.float32, 2, 5, 4)]
-    ref = ort.InferenceSession(str(export_decoder(target_dir, tmp_path / "f32.onnx")),
-                               providers=["CPUExecutionProvider"]).run(None, dict(zip(INPUTS, feeds32, strict=True)))
+    ref = ort.InferenceSession(str(export_decoder(target_dir, tmp_path / "f32.onnx")), providers=[
+        "CPUExecutionProvider"]).run(None, dict(zip(graph_inputs(spec), feeds32, strict=True)))
     half = ort.InferenceSession(str(export_decoder(target_dir, tmp_path / "f16.onnx", dtype="float16")),
                                 providers=["CPUExecutionProvider"])
     feeds16 = [f.astype(np.float16) if f.dtype == np.float32 else f for f in feeds32]
-    logits16, keys16, _, hidden16 = half.run(None, dict(zip(INPUTS, feeds16, strict=True)))
+    logits16, keys16, _, hidden16 = half.run(None, dict(zip(graph_inputs(spec), feeds16, strict=True)))
     assert logits16.dtype == hidden16.dtype == np.float32 and keys16.dtype == np.float16
     scale = np.abs(ref[0]).max()
     assert np.abs(logits16 - ref[0]).max() < 0.05 * scale
@@ -194,5 +194,5 @@ def test_fp16_export_runs_close_and_bf16_export_is_valid(tiny_pair, tmp_path):
     bf16 = onnx.load(str(export_decoder(target_dir, tmp_path / "bf16.onnx", dtype="bfloat16")))
     onnx.checker.check_model(bf16, full_check=True)
     types = {v.name: v.type.tensor_type.elem_type for v in list(bf16.graph.input) + list(bf16.graph.output)}
-    assert types["past_keys"] == types["new_values"] == onnx.TensorProto.BFLOAT16
+    assert types["past_keys_0"] == types["new_values"] == onnx.TensorProto.BFLOAT16
     assert types["logits"] == onnx.TensorProto.FLOAT

@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO / "build"))
 import build_engines  # noqa: E402
 from specdec.checkpoint import read_spec  # noqa: E402
 from specdec.runtime import build_runtime  # noqa: E402
-from specdec.runtime.graph_contract import INPUTS, checkpoint_fingerprint  # noqa: E402
+from specdec.runtime.graph_contract import checkpoint_fingerprint, graph_inputs  # noqa: E402
 from specdec.runtime.tensorrt_llama import (  # noqa: E402
     EngineMetadata,
     ProfileRange,
@@ -66,10 +66,12 @@ def test_profile_shapes_follow_the_graph_inputs(tiny_pair):
     spec = read_spec(tiny_pair[0])
     profile = ProfileRange("decode", (1, 2, 8), (1, 3, 10), (1, 20, 100))
     shapes = profile.shapes(spec)
-    assert list(shapes) == list(INPUTS)
+    assert list(shapes) == list(graph_inputs(spec))
     low, opt, high = shapes["attention_mask"]
     assert (low, opt, high) == ((1, 1, 2), (2, 3, 23), (8, 10, 110))  # keys: past + new
-    assert shapes["past_keys"][2] == (spec.num_layers, 8, spec.num_kv_heads, 100, spec.head_dim)
+    last_layer = spec.num_layers - 1
+    for name in ("past_keys_0", f"past_values_{last_layer}"):
+        assert shapes[name][2] == (spec.num_kv_heads, 8, 100, spec.head_dim)
     assert shapes["logit_rows"] == ((1,), (6,), (80,))
     with pytest.raises(ValueError, match="min <= opt <= max"):
         ProfileRange("bad", (1, 9, 8), (1, 1, 1), (1, 1, 1))
@@ -78,7 +80,7 @@ def test_profile_shapes_follow_the_graph_inputs(tiny_pair):
 def test_an_eagle_heads_profiles_shape_its_features(tiny_eagle):
     spec = read_spec(tiny_eagle)
     shapes = ProfileRange("decode", (1, 2, 8), (1, 3, 10), (1, 20, 100)).shapes(spec)
-    assert list(shapes) == [*INPUTS, "features"]
+    assert list(shapes) == list(graph_inputs(spec)) and list(shapes)[-1] == "features"
     assert shapes["features"] == ((1, 1, spec.hidden_size), (2, 3, spec.hidden_size), (8, 10, spec.hidden_size))
     head = compute_profiles("eagle", 4, 64, 16, 8, 6, 512)
     assert head[0].new_tokens == (1, 1, 64)  # like the draft: one token a step after the catch-up
@@ -128,7 +130,8 @@ def metadata_for(model_dir: Path, **changes) -> EngineMetadata:
         spec=spec_dict(read_spec(model_dir)), max_length=128, num_slots=4,
         profiles=[{"name": p.name, "batch": p.batch, "new_tokens": p.new_tokens, "past_length": p.past_length}
                   for p in profiles],
-        tensorrt_version="10.5.0", device_name="NVIDIA H200", compute_capability="9.0",
+        inputs=list(graph_inputs(read_spec(model_dir))), tensorrt_version="10.5.0", device_name="NVIDIA H200",
+        compute_capability="9.0",
     )
     return replace(meta, **changes)
 

@@ -3,8 +3,8 @@
 The runtime keeps the paged KV cache (specdec.kv_memory) as two arrays [layers, kv_heads, pool rows,
 head_dim]: numpy on the CPU for onnxruntime (so a serving process never imports torch), torch CUDA tensors
 for TensorRT (which overrides the few array hooks below). A forward lays the batch out
-(specdec.runtime.layout), gathers the context rows of its slots through their block tables as
-`past_keys` / `past_values` [layers, batch, kv_heads, past, head_dim] (one gather), runs the graph
+(specdec.runtime.layout), gathers the context rows of its slots through their block tables in the cache's own
+layout [layers, kv_heads, batch, past, head_dim] (one gather; each layer's part is a graph input), runs the graph
 (specdec.runtime.graph_contract names its inputs and outputs) and scatters the returned new rows into the
 slots. Subclasses only run the graph (`_run`) and may declare shape limits (`max_batch`,
 `max_step_tokens`): larger batches are split and long causal inputs chunked to fit. Indexing is the same
@@ -20,6 +20,7 @@ import numpy as np
 
 from specdec.checkpoint import ModelSpec
 from specdec.runtime.base import DecoderRuntime, ForwardItem, ForwardOutput, make_pool
+from specdec.runtime.graph_contract import FEATURES, PAST_KEYS, PAST_VALUES
 from specdec.runtime.layout import plan_batch, split_for_limits
 
 NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
@@ -48,7 +49,6 @@ class SlottedGraphRuntime(DecoderRuntime):
         shape = (spec.num_layers, spec.num_kv_heads, self.kv.num_rows, spec.head_dim)
         self.k_cache = self._zeros(shape)
         self.v_cache = self._zeros(shape)
-        self._heads = self._index(np.arange(spec.num_kv_heads)[None, :, None])
 
     # ---- array hooks (numpy) ----
     def _zeros(self, shape: tuple[int, ...]) -> Any:
@@ -68,14 +68,15 @@ class SlottedGraphRuntime(DecoderRuntime):
         """fp32 [B, W, F] features of an EAGLE head's input tokens."""
         return values
 
-    def _gather(self, cache: Any, rows: Any) -> Any:
-        """cache [L, H, R, D] at physical `rows` [B, 1, past] -> [L, B, H, past, D] (a copy)."""
-        return cache[:, self._heads, rows]
+    def _gather(self, cache: Any, rows: Any, batch: int) -> Any:
+        """cache [L, H, R, D] at physical `rows` [B * past] -> [L, H, B, past, D] (one copy)."""
+        layers, heads, _, dim = cache.shape
+        return np.take(cache, rows, axis=2).reshape(layers, heads, batch, -1, dim)
 
     def _new_rows(self, new: Any) -> Any:
-        """New KV [L, B, H, W, D] -> [L, H, B*W, D] in the cache's dtype."""
-        layers, batch, heads, width, dim = new.shape
-        return new.transpose(0, 2, 1, 3, 4).reshape(layers, heads, batch * width, dim).astype(self.dtype, copy=False)
+        """New KV [L, H, B, W, D] -> [L, H, B*W, D] in the cache's dtype."""
+        layers, heads, batch, width, dim = new.shape
+        return new.reshape(layers, heads, batch * width, dim).astype(self.dtype, copy=False)
 
     def _logits_to_numpy(self, logits: Any) -> np.ndarray:
         return np.asarray(logits, dtype=np.float32)
@@ -113,19 +114,20 @@ class SlottedGraphRuntime(DecoderRuntime):
     def _forward_batch(self, items: list[ForwardItem]) -> list[ForwardOutput]:
         plan = plan_batch(items, self.max_length, self.spec.sliding_window, self.spec.eagle_feature_size)
         past = max(1, int(plan.first_row.max()))
-        rows = self._index(self.kv.gather_rows([item.slot for item in items], past)[:, None, :])
+        rows = self._index(self.kv.gather_rows([item.slot for item in items], past).reshape(-1))
         feeds = {
             "input_ids": self._index(plan.ids),
             "position_ids": self._index(plan.positions),
             "attention_mask": self._mask(plan.concat_mask(past)),
-            "past_keys": self._gather(self.k_cache, rows),
-            "past_values": self._gather(self.v_cache, rows),
             "logit_rows": self._index(plan.logit_rows),
         }
+        for prefix, cache in ((PAST_KEYS, self.k_cache), (PAST_VALUES, self.v_cache)):
+            for layer, rows_of_layer in enumerate(self._gather(cache, rows, len(items))):
+                feeds[f"{prefix}_{layer}"] = rows_of_layer
         if plan.features is not None:
-            feeds["features"] = self._features(plan.features)
+            feeds[FEATURES] = self._features(plan.features)
         logits, new_keys, new_values, hidden = self._run(feeds)
-        # new rows [L, B, H, W, D] -> [L, H, B*W, D], the valid ones into their physical rows.
+        # new rows [L, H, B, W, D] -> [L, H, B*W, D], the valid ones into their physical rows.
         src, dst = self._index(plan.write_src), self._index(self._write_rows(plan.write_slot, plan.write_row))
         for cache, new in ((self.k_cache, new_keys), (self.v_cache, new_values)):
             cache[:, :, dst] = self._new_rows(new)[:, :, src]

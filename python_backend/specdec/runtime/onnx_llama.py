@@ -189,7 +189,7 @@ class OnnxLlamaRuntime(SlottedGraphRuntime):
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # shared CPUs: never spin
         self.session = ort.InferenceSession(str(self.onnx_path), options, providers=["CPUExecutionProvider"])
         names = ([i.name for i in self.session.get_inputs()], [o.name for o in self.session.get_outputs()])
-        if names != (list(graph_inputs(spec.is_eagle)), list(OUTPUTS)):
+        if names != (list(graph_inputs(spec)), list(OUTPUTS)):
             raise ValueError(f"{self.onnx_path} is not a specdec step graph: inputs/outputs {names}")
 
     def _run(self, feeds: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -6,15 +6,15 @@ inputs
     input_ids       int64 [batch, new_tokens]
     position_ids    int64 [batch, new_tokens]                      RoPE positions (tree depth for trees)
     attention_mask  bool  [batch, new_tokens, past_length + new_tokens]   keys: past rows, then new tokens
-    past_keys       dtype [layers, batch, kv_heads, past_length, head_dim] the slots' cache rows 0..past_length-1
-    past_values     dtype [layers, batch, kv_heads, past_length, head_dim]
     logit_rows      int64 [num_logits]                             rows of the flattened [batch*new_tokens]
+    past_keys_i     dtype [kv_heads, batch, past_length, head_dim]  layer i's cache rows 0..past_length-1, one
+    past_values_i   dtype [kv_heads, batch, past_length, head_dim]  input per layer (keys of every layer first)
     features        fp32  [batch, new_tokens, feature_size]       EAGLE heads only: each token's feature
 outputs
     logits          fp32  [num_logits, vocab]  (a drafter with a proposal vocabulary: [num_logits, its size],
                                                   the columns DecoderRuntime.logit_ids names)
-    new_keys        dtype [layers, batch, kv_heads, new_tokens, head_dim]  KV of the new tokens only
-    new_values      dtype [layers, batch, kv_heads, new_tokens, head_dim]
+    new_keys        dtype [layers, kv_heads, batch, new_tokens, head_dim]  KV of the new tokens only
+    new_values      dtype [layers, kv_heads, batch, new_tokens, head_dim]
     hidden_states   fp32  [batch*new_tokens, feature_width]        final-normed hidden state of every row
                                                                   (an EAGLE head's features), then the
                                                                   RMS-normalized outputs of the config's
@@ -25,6 +25,12 @@ torch CPU for onnxruntime, torch CUDA for TensorRT), so the graph is stateless a
 length and tree-path commit (`move_rows`) stay plain tensor indexing outside it; the graph returns only the
 W new rows (a full `present` output would copy the whole context back every step), and the runtime
 scatters them into the slots. Causal, padded-batch and tree attention are all one boolean mask input.
+
+Why one past input per layer in the cache's layout: onnxruntime copies every tensor an op slices, so a
+stacked [layers, ...] input cost a Split of the whole context per step, and a [batch, heads, ...] layout a
+transpose; per-layer inputs in the cache's own [kv_heads, rows, head_dim] order are read where the runtime's
+one gather put them. Grouped-query attention multiplies each KV head's group of query heads with it in one
+product instead of repeating the keys per query head.
 
 `past_length` is at least 1 (a fresh sequence gets one masked dummy row): TensorRT profiles and some
 kernels dislike empty dimensions.
@@ -41,7 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.checkpoint import ModelSpec, load_state_dict, read_proposal_vocab, read_spec
-from specdec.runtime.graph_contract import DYNAMIC_AXES, META_PREFIX, OUTPUTS, graph_inputs, graph_metadata
+from specdec.runtime.graph_contract import META_PREFIX, OUTPUTS, dynamic_axes, graph_inputs, graph_metadata
 from specdec.runtime.torch_llama import LlamaWeights, rotate_half
 
 OPSET = 17
@@ -87,21 +93,23 @@ class LlamaStepGraph(torch.nn.Module):
         self.register_buffer("rope_sin", sin.to(dtype))
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
-                past_keys: torch.Tensor, past_values: torch.Tensor, logit_rows: torch.Tensor,
-                features: torch.Tensor | None = None):
+                logit_rows: torch.Tensor, *past_and_features: torch.Tensor):
         s = self.spec
+        past_keys = past_and_features[:s.num_layers]
+        past_values = past_and_features[s.num_layers:2 * s.num_layers]
+        features = past_and_features[2 * s.num_layers] if s.is_eagle else None
         batch, width = input_ids.shape[0], input_ids.shape[1]
-        q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
-        group = s.num_heads // s.num_kv_heads
+        kv_heads, group = s.num_kv_heads, s.num_heads // s.num_kv_heads
+        q_size, kv_size = s.num_heads * s.head_dim, kv_heads * s.head_dim
         scale = 1.0 / math.sqrt(s.head_dim)
-        cos = F.embedding(position_ids, self.rope_cos).unsqueeze(1)  # [B, 1, W, D]
-        sin = F.embedding(position_ids, self.rope_sin).unsqueeze(1)
-        mask = attention_mask.unsqueeze(1)  # [B, 1, W, T]
+        cos = F.embedding(position_ids, self.rope_cos)  # [B, W, D]
+        sin = F.embedding(position_ids, self.rope_sin)
         # One more query row (a copy of the first, dropped after): every attention product then has two or
         # more rows. onnxruntime multiplies a single row with another kernel whose sums round differently, and
         # a decode step must give the logits a verification pass gives, bit for bit (docs/SPECULATION.md,
         # "Bit-identical greedy output"); past one row, every row's result is the same whatever the count.
-        mask = torch.cat([mask, mask[:, :, :1]], dim=2)
+        mask = torch.cat([attention_mask, attention_mask[:, :1]], dim=1)  # [B, W+1, T]
+        mask = mask.unsqueeze(0).unsqueeze(2)  # [1, B, 1, W+1, T]
         hidden = F.embedding(input_ids, self.embed)
         if self.eagle_fc is not None:
             hidden = F.linear(torch.cat([hidden, _cast(features, self.dtype)], dim=-1), self.eagle_fc,
@@ -111,27 +119,31 @@ class LlamaStepGraph(torch.nn.Module):
             layer = lambda key, i=i: getattr(self, f"l{i}_{key}")  # noqa: E731
             x = _rms_norm(hidden, layer("attn_norm"), s.rms_norm_eps)
             q, k, v = F.linear(x, layer("qkv"), layer("qkv_bias")).split([q_size, kv_size, kv_size], dim=-1)
-            q = q.reshape(batch, width, s.num_heads, s.head_dim)
-            k = k.reshape(batch, width, s.num_kv_heads, s.head_dim)
+            # Query head h reads KV head h // group: queries [B, W, kv_heads, group, D].
+            q = q.reshape(batch, width, kv_heads, group, s.head_dim)
+            k = k.reshape(batch, width, kv_heads, s.head_dim)
             if s.qk_norm:
                 q = _rms_norm(q, layer("q_norm"), s.rms_norm_eps)
                 k = _rms_norm(k, layer("k_norm"), s.rms_norm_eps)
-            q, k = q.transpose(1, 2), k.transpose(1, 2)
-            v = v.reshape(batch, width, s.num_kv_heads, s.head_dim).transpose(1, 2)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
+            q = q * cos[:, :, None, None] + rotate_half(q) * sin[:, :, None, None]
+            k = k * cos[:, :, None] + rotate_half(k) * sin[:, :, None]
+            # The cache's own layout, [kv_heads, batch, tokens, D]: the context is read as it comes in, and
+            # each KV head's group of query heads is one product with it (no repeated keys).
+            k = k.permute(2, 0, 1, 3)
+            v = v.reshape(batch, width, kv_heads, s.head_dim).permute(2, 0, 1, 3)
             new_keys.append(k)
             new_values.append(v)
-            keys = torch.cat([past_keys[i], k], dim=2)  # [B, Hkv, T, D]
+            keys = torch.cat([past_keys[i], k], dim=2)  # [Hkv, B, T, D]
             values = torch.cat([past_values[i], v], dim=2)
-            if group > 1:
-                keys = keys.repeat_interleave(group, dim=1)
-                values = values.repeat_interleave(group, dim=1)
-            q = torch.cat([q, q[:, :, :1]], dim=2)  # the extra query row (above)
+            q = q.permute(2, 0, 3, 1, 4)  # [Hkv, B, group, W, D]
+            q = torch.cat([q, q[:, :, :, :1]], dim=3)  # the extra query row (above)
+            q = q.reshape(kv_heads, batch, group * (width + 1), s.head_dim)
             scores = _cast(torch.matmul(q * scale, keys.transpose(2, 3)), torch.float32)
+            scores = scores.reshape(kv_heads, batch, group, width + 1, -1)
             scores = torch.where(mask, scores, torch.finfo(torch.float32).min)
-            probs = _cast(torch.softmax(scores, dim=-1), self.dtype)
-            attn = torch.matmul(probs, values)[:, :, :width].transpose(1, 2).reshape(batch, width, q_size)
+            probs = _cast(torch.softmax(scores, dim=-1), self.dtype).reshape(kv_heads, batch, group * (width + 1), -1)
+            attn = torch.matmul(probs, values).reshape(kv_heads, batch, group, width + 1, s.head_dim)
+            attn = attn[:, :, :, :width].permute(1, 3, 0, 2, 4).reshape(batch, width, q_size)
             hidden = hidden + F.linear(attn, layer("o"), layer("o_bias"))
             x = _rms_norm(hidden, layer("mlp_norm"), s.rms_norm_eps)
             gate, up = F.linear(x, layer("gate_up"), layer("gate_up_bias")).chunk(2, dim=-1)
@@ -153,13 +165,14 @@ class LlamaStepGraph(torch.nn.Module):
 
 def example_inputs(spec: ModelSpec, dtype: torch.dtype, batch: int = 2, width: int = 3,
                    past: int = 5) -> tuple[torch.Tensor, ...]:
-    """Inputs of the given sizes (distinct, so the tracer keeps every dynamic axis symbolic)."""
-    cache = (spec.num_layers, batch, spec.num_kv_heads, past, spec.head_dim)
+    """Inputs of the given sizes in the graph's order (graph_contract.graph_inputs; distinct sizes, so the
+    tracer keeps every dynamic axis symbolic)."""
+    cache = (spec.num_kv_heads, batch, past, spec.head_dim)
     ids = torch.arange(batch * width, dtype=torch.long).reshape(batch, width) % spec.vocab_size
     positions = past + torch.arange(width, dtype=torch.long).expand(batch, width)
     mask = torch.ones(batch, width, past + width, dtype=torch.bool).tril(diagonal=past)
     rows = torch.arange(batch * width - 1, dtype=torch.long)
-    inputs = (ids, positions, mask, torch.zeros(cache, dtype=dtype), torch.zeros(cache, dtype=dtype), rows)
+    inputs = (ids, positions, mask, rows, *(torch.zeros(cache, dtype=dtype) for _ in range(2 * spec.num_layers)))
     if spec.is_eagle:
         inputs += (torch.randn(batch, width, spec.eagle_feature_size),)
     return inputs
@@ -180,15 +193,15 @@ def export_decoder(model_dir: str | Path, out_path: str | Path, dtype: str = "fl
                             read_proposal_vocab(model_dir, spec.vocab_size)).eval()
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    names = [*graph_inputs(spec.is_eagle), *OUTPUTS]
-    dynamic_axes = {name: axes for name, axes in DYNAMIC_AXES.items() if name in names}
+    names = [*graph_inputs(spec), *OUTPUTS]
+    axes = {name: dynamic_axes(name) for name in names}
     with tempfile.TemporaryDirectory(dir=out_path.parent, prefix=".export-") as tmp:
         traced = Path(tmp) / "traced.onnx"
         with torch.inference_mode():
             torch.onnx.export(
                 module, example_inputs(spec, DTYPES[dtype]), str(traced), dynamo=False,
-                input_names=list(graph_inputs(spec.is_eagle)),
-                output_names=list(OUTPUTS), dynamic_axes=dynamic_axes, opset_version=OPSET,
+                input_names=list(graph_inputs(spec)),
+                output_names=list(OUTPUTS), dynamic_axes=axes, opset_version=OPSET,
                 do_constant_folding=True,
             )
         model = onnx.load(str(traced))

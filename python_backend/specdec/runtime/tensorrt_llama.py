@@ -25,7 +25,14 @@ import numpy as np
 import torch
 
 from specdec.checkpoint import ModelSpec, read_proposal_vocab, read_spec
-from specdec.runtime.graph_contract import INPUTS, OUTPUTS, PRECISIONS, checkpoint_fingerprint, graph_inputs
+from specdec.runtime.graph_contract import (
+    OUTPUTS,
+    PAST_KEYS,
+    PRECISIONS,
+    checkpoint_fingerprint,
+    graph_inputs,
+    past_inputs,
+)
 from specdec.runtime.graph_runtime import SlottedGraphRuntime
 
 ENGINE_FILE = "model.plan"
@@ -51,15 +58,15 @@ class ProfileRange:
 
     def shapes(self, spec: ModelSpec) -> dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
         """min / opt / max shape of every graph input (graph_contract.graph_inputs of the checkpoint)."""
-        out: dict[str, list[tuple[int, ...]]] = {name: [] for name in graph_inputs(spec.is_eagle)}
+        out: dict[str, list[tuple[int, ...]]] = {name: [] for name in graph_inputs(spec)}
+        past = past_inputs(spec.num_layers)
         for b, w, p in zip(self.batch, self.new_tokens, self.past_length, strict=True):
-            cache = (spec.num_layers, b, spec.num_kv_heads, p, spec.head_dim)
             out["input_ids"].append((b, w))
             out["position_ids"].append((b, w))
             out["attention_mask"].append((b, w, p + w))
-            out["past_keys"].append(cache)
-            out["past_values"].append(cache)
             out["logit_rows"].append((b * w,))
+            for name in past:
+                out[name].append((spec.num_kv_heads, b, p, spec.head_dim))
             if spec.is_eagle:
                 out["features"].append((b, w, spec.eagle_feature_size))
         out["logit_rows"][0] = (1,)  # a call may ask for a single row whatever its size
@@ -107,7 +114,7 @@ class EngineMetadata:
     max_length: int
     num_slots: int
     profiles: list[dict[str, Any]]
-    inputs: list[str] = field(default_factory=lambda: list(INPUTS))
+    inputs: list[str] = field(default_factory=list)  # graph_contract.graph_inputs of the checkpoint
     outputs: list[str] = field(default_factory=lambda: list(OUTPUTS))
     tensorrt_version: str = ""
     device_name: str = ""
@@ -150,7 +157,7 @@ class EngineMetadata:
             problems.append(f"built from other weights than {model_dir} (rebuild: build/build_engines.py)")
         if self.spec != spec_dict(read_spec(model_dir)):
             problems.append("built for another architecture")
-        inputs = list(graph_inputs(read_spec(model_dir).is_eagle))
+        inputs = list(graph_inputs(read_spec(model_dir)))
         if self.inputs != inputs or self.outputs != list(OUTPUTS):
             problems.append(f"graph I/O {self.inputs} -> {self.outputs}, this code runs {inputs} -> {list(OUTPUTS)}")
         if max_length > self.max_length:
@@ -226,7 +233,7 @@ class TensorRTLlamaRuntime(SlottedGraphRuntime):
         if self.engine.num_optimization_profiles != len(meta.profiles):
             raise ValueError(f"{engine_dir}: the plan has {self.engine.num_optimization_profiles} profiles, "
                              f"its metadata {len(meta.profiles)}")
-        self._inputs = graph_inputs(spec.is_eagle)
+        self._inputs = graph_inputs(spec)
         self._dtypes = {name: torch_dtype_of(self.engine.get_tensor_dtype(name)) for name in self._inputs + OUTPUTS}
         stream = torch.cuda.current_stream(self.device)
         self._contexts = []
@@ -246,12 +253,13 @@ class TensorRTLlamaRuntime(SlottedGraphRuntime):
     def _mask(self, values: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(values).to(self.device)
 
-    def _gather(self, cache: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        return cache[:, self._heads, rows].contiguous()
+    def _gather(self, cache: torch.Tensor, rows: torch.Tensor, batch: int) -> torch.Tensor:
+        layers, heads, _, dim = cache.shape
+        return cache.index_select(2, rows).view(layers, heads, batch, -1, dim)
 
     def _new_rows(self, new: torch.Tensor) -> torch.Tensor:
-        layers, batch, heads, width, dim = new.shape
-        return new.permute(0, 2, 1, 3, 4).reshape(layers, heads, batch * width, dim).to(self.dtype)
+        layers, heads, batch, width, dim = new.shape
+        return new.reshape(layers, heads, batch * width, dim).to(self.dtype)
 
     def _features(self, values: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(values).to(self.device)
@@ -265,7 +273,7 @@ class TensorRTLlamaRuntime(SlottedGraphRuntime):
 
     def _run(self, feeds: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         batch, width = feeds["input_ids"].shape
-        context = self._contexts[self.meta.select_profile(batch, width, feeds["past_keys"].shape[3])]
+        context = self._contexts[self.meta.select_profile(batch, width, feeds[f"{PAST_KEYS}_0"].shape[2])]
         stream = torch.cuda.current_stream(self.device)
         keep = []  # tensors converted here must live until the engine has read them
         for name in self._inputs:
