@@ -189,6 +189,14 @@ def dashboard() -> dict[str, Any]:
                         (f"sum by (model) ({m.KV_BLOCKS_IN_USE.name}{{{SERVER}}})", "KV blocks in use {{model}}"),
                         (f"sum by (model) ({m.KV_BLOCKS.name}{{{SERVER}}})", "KV blocks {{model}}")], "short", min=0),
             w=8)
+    lay.add(timeseries("Where a generation's time goes", "Seconds per second that generating sequences spend in "
+                       "each phase of their iterations (draft, lookup, target, accept, other), summed over sequences.",
+                       [(f"sum by (phase) (rate({m.GENERATION_SECONDS.name}{{{SPEC}}}[{WINDOW}]))", "{{phase}}")],
+                       "s", min=0), w=12)
+    lay.add(timeseries("Decoder executions by batch size", "Executions per second of each decoder by how many "
+                       "sequence steps they served (the bucket's upper bound): how well concurrent sequences batch.",
+                       [(f"sum by (model, batch_size) (rate({m.DECODER_BATCHES.name}{{{SERVER}}}[{WINDOW}]))",
+                         "{{model}} <= {{batch_size}}")], "short", min=0), w=12)
 
     lay.row("Tier 3 · resources: CPU, GPU, memory")
     lay.add(timeseries("CPU utilisation (Triton)", "nv_cpu_utilization: the host's CPU load as Triton sees it.",

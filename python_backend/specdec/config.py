@@ -136,6 +136,10 @@ class SpeculationConfig:
     fallback: FallbackConfig = field(default_factory=FallbackConfig)
     prompt_lookup: PromptLookup = field(default_factory=PromptLookup)  # for `model+ngram` and `eagle+ngram`
     served_drafters: tuple[str, ...] = DRAFTERS  # the drafters whose models this deployment serves
+    # Speculate only while at most this many sequences generate on the instance (0: at any load); above it a
+    # request whose text does not depend on the load decodes plain: a batched verification is bound by its
+    # rows on a CPU, and every draft row then costs what it saves (docs/BENCHMARKS.md, "Under load").
+    max_sequences: int = 0
 
     def serving(self, served_drafters: tuple[str, ...]) -> SpeculationConfig:
         """This config for a deployment that serves only `served_drafters`: a profile whose drafter is not
@@ -184,8 +188,12 @@ class SpeculationConfig:
         lookup = PromptLookup(length=int(pl.get("length", PromptLookup.length)),
                               min_ngram=int(pl.get("min_ngram", PromptLookup.min_ngram)),
                               max_ngram=int(pl.get("max_ngram", MAX_NGRAM)), adaptive=adaptive)
+        max_sequences = int(spec.get("max_sequences", cls.max_sequences))
+        if max_sequences < 0:
+            raise ValueError(f"max_sequences must be >= 0 (0: speculate at any load), got {max_sequences}")
         return cls(
             profiles=profiles,
+            max_sequences=max_sequences,
             high_precision_candidates=int(candidates.get("high_precision", 5)),
             verify_threshold=float(spec.get("verify_threshold", 0.7)),
             fallback=FallbackConfig(
@@ -217,10 +225,15 @@ class SpeculationSettings:
     prompt_lookup: PromptLookup = PromptLookup()  # how `model+ngram` / `eagle+ngram` look up
     min_confidence: float = 0.0  # TaskProfile.min_confidence: where a model drafter's chain stops early
     tree: DynamicTree | None = None  # greedy drafting with the EAGLE head: this dynamic tree instead of chains
+    max_sequences: int = 0  # SpeculationConfig.max_sequences (0: speculate at any load)
 
     @property
     def adaptive(self) -> bool:
         return self.max_length > self.min_length
+
+    def speculates_under(self, sequences: int) -> bool:
+        """Whether the profile speculates with `sequences` generating on the instance."""
+        return not self.max_sequences or sequences <= self.max_sequences
 
     @property
     def enabled(self) -> bool:
@@ -257,12 +270,14 @@ def resolve(config: SpeculationConfig, task: str, prompt_text: str | None, *, nu
         task=task, drafter=profile.drafter, min_length=profile.min_length, max_length=profile.max_length,
         num_candidates=profile.num_candidates, acceptance=profile.acceptance,
         verify_threshold=config.verify_threshold, prompt_lookup=config.prompt_lookup,
-        min_confidence=profile.min_confidence, tree=profile.tree,
+        min_confidence=profile.min_confidence, tree=profile.tree, max_sequences=config.max_sequences,
     )
     if sampling and acceptance is None and settings.acceptance == "greedy":
         settings = replace(settings, acceptance="rejection")  # the lossless rule for sampled decoding
     if num_draft_tokens is not None:
-        settings = replace(settings, min_length=num_draft_tokens, max_length=num_draft_tokens, explicit_length=True)
+        # A request that fixes its length speculates at any load (it asked for exactly this).
+        settings = replace(settings, min_length=num_draft_tokens, max_length=num_draft_tokens, explicit_length=True,
+                           max_sequences=0)
         if settings.tree is not None and num_draft_tokens > 0:  # a dynamic tree's k is its depth
             settings = replace(settings, tree=replace(settings.tree, depth=num_draft_tokens))
     if num_candidates is not None:

@@ -97,6 +97,12 @@ class GenerationStats:
     drafter: str = ""  # model | eagle | ngram | model+ngram | eagle+ngram; "none": plain decoding
     lookup_draft_tokens: int = 0  # of draft_tokens, those prompt lookup proposed
     lookup_accepted_tokens: int = 0
+    load_plain_steps: int = 0  # plain steps taken because more sequences generated than the profile speculates for
+    # Seconds per phase of the iterations (specdec.metrics.PHASES): draft, lookup, target, accept, other.
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+
+    def add_time(self, phase: str, seconds: float) -> None:
+        self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + seconds
 
     @property
     def acceptance_rate(self) -> float:
@@ -242,7 +248,10 @@ class _Run:
             if update.finished:
                 return
             self.iteration += 1
+            started, timed = self.gen._clock(), sum(self.stats.phase_seconds.values())
             new = await self._iterate()
+            inside = sum(self.stats.phase_seconds.values()) - timed
+            self.stats.add_time("other", max(self.gen._clock() - started - inside, 0.0))
 
     def _prefill_chunks(self) -> list[tuple[int, int]]:
         chunk = self.gen.prefill_chunk
@@ -319,8 +328,13 @@ class _Run:
         if proposal is None:
             self._keep_features(self.target_valid, result.hidden)
             self.target_valid = len(self.tokens)
-            return [self._pick(result, -1)]
+            started = self.gen._clock()
+            token = self._pick(result, -1)
+            self.stats.add_time("accept", self.gen._clock() - started)
+            return [token]
+        started = self.gen._clock()
         verdict = self._verify(proposal, result)
+        self.stats.add_time("accept", self.gen._clock() - started)
         if self._want_features:  # the features of the pending tokens and of the accepted path
             self._keep_features(self.target_valid, result.hidden[list(range(m)) + [m + node for node in verdict.path]])
         self.stats.record_verification(proposal.depth, verdict.accepted)
@@ -388,8 +402,13 @@ class _Run:
 
     async def _propose(self) -> tuple[Proposal | None, bool]:
         """This iteration's proposal (None: a plain step) and whether the model drafter made it."""
+        if not self.load_independent and not self.settings.speculates_under(self.gen.sequences):
+            self.stats.load_plain_steps += 1  # above the profile's max_sequences: a plain step (features still kept)
+            return None, False
         if self.lookup is not None and self.model_drafter is not None and self.settings.enabled:
+            started = self.gen._clock()
             proposal = await self.lookup.propose(self.tokens, self._lookup_length())
+            self.stats.add_time("lookup", self.gen._clock() - started)
             if proposal is not None:
                 return proposal, False
         tree = self._dynamic_tree()  # decided once per iteration: the load can change at the next await
@@ -423,7 +442,9 @@ class _Run:
             self.speculate = False
             return None
         self.stats.draft_calls += 1
-        self.gen.costs.draft.observe(proposal.depth, self.gen._clock() - started)
+        elapsed = self.gen._clock() - started
+        self.stats.add_time("draft", elapsed)
+        self.gen.costs.draft.observe(proposal.depth, elapsed)
         return proposal
 
     @property
@@ -445,7 +466,9 @@ class _Run:
         started = self.gen._clock()
         result = _checked(await self.backend.target_step(step), "target_model")
         self.stats.target_calls += 1
-        self.gen.costs.target.observe(scored, self.gen._clock() - started)
+        elapsed = self.gen._clock() - started
+        self.stats.add_time("target", elapsed)
+        self.gen.costs.target.observe(scored, elapsed)
         return result
 
     def _pick(self, result: StepResult, row: int) -> int:

@@ -34,6 +34,8 @@ OUTCOME = "outcome"
 ERROR_KIND = "kind"
 POSITION = "position"
 DRAFTER = "drafter"
+BATCH_SIZE = "batch_size"
+PHASE = "phase"
 
 UNKNOWN_TASK = "unknown"
 # Outcomes of a request: the generator's finish reasons plus "error".
@@ -117,6 +119,20 @@ FALLBACK_ACTIVE = MetricSpec("specdec_fallback_active", "gauge",
                              "failing draft model), else 0.", _GAUGE)
 ACTIVE_REQUESTS = MetricSpec("specdec_active_requests", "gauge",
                              "Requests being generated now (holding a KV slot).", _PROC)
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # a decoder execution's step count, counted up to each bound
+# Phases of a generation's iterations (specdec_generation_seconds_total): waiting for and running the drafter
+# model, prompt lookup, waiting for and running the target model (queue + forward + transport), acceptance and
+# sampling over the target's logits, and everything else in the loop (emitting tokens, bookkeeping).
+PHASES = ("draft", "lookup", "target", "accept", "other")
+GENERATION_SECONDS = MetricSpec("specdec_generation_seconds_total", "counter",
+                                "Seconds generations spent per phase of their iterations (draft, lookup, target, "
+                                "accept, other), summed over sequences: divided by specdec_target_calls_total, the "
+                                "time of one iteration of one sequence.", (*_REQ, PHASE))
+
+# ---- tier 1 addition: how full decoder executions are (reported by target_model, draft_model, eagle_draft) ----
+DECODER_BATCHES = MetricSpec("specdec_decoder_executions_total", "counter",
+                             "Decoder executions by the number of sequence steps they served (batch_size: the "
+                             "bucket's upper bound, 1, 2, 4, 8, 16, 32, 64).", (MODEL, BATCH_SIZE))
 
 # ---- tier 3: resources (reported by every model process that wires them) ----
 KV_SLOTS_IN_USE = MetricSpec("specdec_kv_slots_in_use", "gauge", "KV-cache slots held by live sequences.", _PROC)
@@ -140,8 +156,8 @@ ALL_METRICS = (
     REQUESTS, OUTPUT_TOKENS, DRAFT_TOKENS, ACCEPTED_DRAFT_TOKENS, LOOKUP_DRAFT_TOKENS, LOOKUP_ACCEPTED_TOKENS,
     ACCEPTED_BY_POSITION, VERIFICATION_PASSES, TARGET_CALLS, DRAFT_CALLS, DRAFTER_REQUESTS, ERRORS, TTFT, ITL,
     DURATION, ACCEPTANCE_RATE, MEAN_ACCEPTED_LENGTH,
-    SPECULATION_LENGTH, FALLBACK_ACTIVE, ACTIVE_REQUESTS, KV_SLOTS_IN_USE, KV_SLOTS, KV_CACHE_BYTES, KV_BLOCKS,
-    KV_BLOCKS_IN_USE, KV_BYTES_IN_USE,
+    SPECULATION_LENGTH, FALLBACK_ACTIVE, ACTIVE_REQUESTS, GENERATION_SECONDS, DECODER_BATCHES, KV_SLOTS_IN_USE,
+    KV_SLOTS, KV_CACHE_BYTES, KV_BLOCKS, KV_BLOCKS_IN_USE, KV_BYTES_IN_USE,
     RESIDENT_MEMORY, PROPORTIONAL_MEMORY, UNIQUE_MEMORY,
 )
 BY_NAME = {spec.name: spec for spec in ALL_METRICS}
@@ -333,6 +349,9 @@ class GenerationMetrics:
                 sink.increment(ACCEPTED_BY_POSITION, {**labels, POSITION: str(position)}, accepted)
         if stats.draft_failures:
             sink.increment(ERRORS, {**labels, ERROR_KIND: "draft_failure"}, stats.draft_failures)
+        for phase, seconds in _stat(stats, ("phase_seconds",), {}).items():
+            if seconds > 0:
+                sink.increment(GENERATION_SECONDS, {**labels, PHASE: phase}, seconds)
         gauge_labels = {**labels, INSTANCE: self.instance}
         # Mean k rather than the last step's k, which is cut short near max_tokens.
         length = stats.draft_tokens / stats.verification_passes if stats.verification_passes else 0.0
@@ -377,6 +396,32 @@ def process_memory() -> ProcessMemory:
     return ProcessMemory(rss, pss, uss)
 
 
+def batch_size_bucket(steps: int) -> int:
+    """The BATCH_SIZE_BUCKETS bound an execution of `steps` sequence steps is counted under."""
+    return next((bound for bound in BATCH_SIZE_BUCKETS if steps <= bound), BATCH_SIZE_BUCKETS[-1])
+
+
+class BatchCounter:
+    """Counts a decoder's executions by batch size on the request path (a dict update), published by
+    ProcessMetrics' thread as specdec_decoder_executions_total (a metric update is a round trip to the
+    server: never one per execution)."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[int] = collections.Counter()
+        self._published: collections.Counter[int] = collections.Counter()
+
+    def count(self, steps: int) -> None:
+        if steps > 0:
+            self.counts[batch_size_bucket(steps)] += 1
+
+    def publish(self, sink: MetricSink, model: str) -> None:
+        for bound, total in list(self.counts.items()):
+            new = total - self._published[bound]
+            if new > 0:
+                sink.increment(DECODER_BATCHES, {MODEL: model, BATCH_SIZE: str(bound)}, new)
+                self._published[bound] = total
+
+
 class ProcessMetrics:
     """Gauges of one model instance process, published by a background thread, never on the request path.
 
@@ -391,9 +436,11 @@ class ProcessMetrics:
                  gauges: Mapping[MetricSpec, Callable[[], float]] | None = None, num_slots: int | None = None,
                  kv_cache_bytes: int | None = None, kv_blocks: int | None = None,
                  interval_s: float = GAUGE_INTERVAL_S,
-                 memory_every: int = MEMORY_EVERY, background: bool = True) -> None:
+                 memory_every: int = MEMORY_EVERY, background: bool = True,
+                 batches: BatchCounter | None = None) -> None:
         self.sink = sink
         self.labels = {MODEL: model, INSTANCE: instance}
+        self.batches = batches
         self.gauges = dict(gauges or {})
         self.interval_s = interval_s
         self.memory_every = memory_every
@@ -415,7 +462,10 @@ class ProcessMetrics:
             self.publish()
 
     def publish(self) -> None:
-        """One tick: the gauges that changed, and the memory gauges every `memory_every` ticks."""
+        """One tick: the gauges that changed, new batch counts, and the memory gauges every `memory_every`
+        ticks."""
+        if self.batches is not None:
+            self.batches.publish(self.sink, self.labels[MODEL])
         for spec, read in self.gauges.items():
             value = float(read())
             if self._last.get(spec.name) != value:

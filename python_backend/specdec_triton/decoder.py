@@ -14,7 +14,7 @@ import triton_python_backend_utils as pb_utils
 from specdec.engines import DraftEngine, StepRequest, StepResult, TargetEngine
 from specdec.errors import InvalidRequestError
 from specdec.kv_memory import KVPoolConfig
-from specdec.metrics import KV_BLOCKS_IN_USE, KV_BYTES_IN_USE, KV_SLOTS_IN_USE, ProcessMetrics
+from specdec.metrics import KV_BLOCKS_IN_USE, KV_BYTES_IN_USE, KV_SLOTS_IN_USE, BatchCounter, ProcessMetrics
 from specdec.runtime import build_runtime, check_weight_quantization
 from specdec.sampling import SamplingParams
 
@@ -102,12 +102,13 @@ class DecoderModel:
         self.engine = engine_class(runtime, idle_timeout_s=float(params["idle_timeout_s"]))
         self.metric_sink = TritonMetricSink()
         engine = self.engine
+        self.batches = BatchCounter()
         self.metrics = ProcessMetrics(self.metric_sink, args["model_name"], args["model_instance_name"],
                                       gauges={KV_SLOTS_IN_USE: lambda: engine.slots_in_use,
                                               KV_BLOCKS_IN_USE: lambda: engine.kv_blocks_in_use,
                                               KV_BYTES_IN_USE: lambda: engine.kv_bytes_in_use},
                                       num_slots=runtime.num_slots, kv_cache_bytes=runtime.kv_cache_bytes,
-                                      kv_blocks=runtime.kv.num_blocks)
+                                      kv_blocks=runtime.kv.num_blocks, batches=self.batches)
 
     def execute(self, requests: list) -> list:
         responses: list[Any] = [None] * len(requests)
@@ -120,6 +121,7 @@ class DecoderModel:
                 positions.append(i)
             except Exception as exc:  # malformed call: answer it, serve the others
                 responses[i] = error_response(exc)
+        self.batches.count(sum(1 for step in steps if len(step.input_ids)))  # forwards, not bare END calls
         try:
             results = self.engine.step(steps)
         except Exception as exc:

@@ -248,3 +248,62 @@ def test_the_trees_max_sequences_comes_from_the_profile():
     assert DynamicTree(8).serves(1000)  # 0: no limit
     with pytest.raises(ValueError, match="max_sequences"):
         SpeculationConfig.from_dict({"dynamic_tree": {"nodes": 4, "max_sequences": -1}})
+
+
+@pytest.mark.parametrize(("others", "max_sequences", "speculates"), [(0, 0, True), (15, 0, True), (3, 4, True),
+                                                                     (4, 4, False), (15, 8, False)])
+def test_speculation_pauses_above_the_profiles_max_sequences(tiny_pair, tiny_eagle, monkeypatch, others,
+                                                            max_sequences, speculates):
+    """With more sequences generating on the instance than the profile's max_sequences, a greedy request takes
+    plain steps (no draft calls, no lookup proposals) and its output is still plain decoding's."""
+    plain, _ = generate(backend(tiny_pair, tiny_eagle), SpeculationSettings("text", "model", 0, 0, 1, "greedy", 0.7))
+    calls = _recording(monkeypatch)
+    settings = SpeculationSettings("text", "eagle+ngram", 3, 3, 1, "greedy", 0.7, prompt_lookup=PromptLookup(),
+                                   max_sequences=max_sequences)
+    generator = SpeculativeGenerator(backend(tiny_pair, tiny_eagle), MAX_LENGTH)
+    generator.sequences = others
+    stats = GenerationStats()
+
+    async def run() -> list[int]:
+        tokens: list[int] = []
+        async for update in generator.generate(GenerationRequest(PROMPT, 40, settings=settings), 7, stats):
+            tokens += update.token_ids
+        return tokens
+
+    assert asyncio.run(run()) == plain
+    assert (stats.draft_tokens > 0) == speculates and (stats.load_plain_steps == 0) == speculates
+    assert bool([call for call in calls if call.num_draft_tokens]) == speculates
+    assert set(stats.phase_seconds) >= {"target", "accept", "other"}
+    assert all(seconds >= 0 for seconds in stats.phase_seconds.values())
+
+
+def test_a_seeded_sampled_request_speculates_on_any_load(tiny_pair, tiny_eagle):
+    """Its text must not depend on the load (rejection sampling draws per proposal): it ignores max_sequences,
+    and gives the same text alone and beside 9 other sequences."""
+    settings = SpeculationSettings("text", "eagle", 3, 3, 1, "rejection", 0.7, max_sequences=2)
+    texts = []
+    for others in (0, 9):
+        generator = SpeculativeGenerator(backend(tiny_pair, tiny_eagle), MAX_LENGTH)
+        generator.sequences = others
+        stats = GenerationStats()
+
+        async def run(generator=generator, stats=stats) -> list[int]:
+            tokens: list[int] = []
+            request = GenerationRequest(PROMPT, 24, settings=settings, sampling=SamplingParams(0.9, seed=4))
+            async for update in generator.generate(request, 7, stats):
+                tokens += update.token_ids
+            return tokens
+
+        texts.append(asyncio.run(run()))
+        assert stats.draft_tokens > 0 and stats.load_plain_steps == 0
+    assert texts[0] == texts[1]
+
+
+def test_max_sequences_comes_from_the_profile_and_an_explicit_length_lifts_it():
+    config = SpeculationConfig.from_dict({"max_sequences": 6})
+    assert config.max_sequences == 6 and resolved(config, "code").max_sequences == 6
+    assert resolved(config, "code").speculates_under(6) and not resolved(config, "code").speculates_under(7)
+    assert resolved(config, "code", num_draft_tokens=3).max_sequences == 0  # the request asked for its k
+    assert SpeculationConfig.from_dict({}).max_sequences == 0
+    with pytest.raises(ValueError, match="max_sequences"):
+        SpeculationConfig.from_dict({"max_sequences": -1})

@@ -230,3 +230,31 @@ def test_prompt_lookup_counters_equal_the_requests_stats(generator):
     assert sink.total(m.LOOKUP_DRAFT_TOKENS, task="text") == sum(s.lookup_draft_tokens for s in runs)
     assert sink.total(m.LOOKUP_ACCEPTED_TOKENS, task="text") == sum(s.lookup_accepted_tokens for s in runs)
     assert sink.total(m.DRAFTER_REQUESTS, task="text", drafter="model+ngram") == len(runs)
+
+
+def test_batch_counter_buckets_executions_and_publishes_only_new_counts():
+    assert [m.batch_size_bucket(n) for n in (1, 2, 3, 4, 5, 16, 17, 64, 200)] == [1, 2, 4, 4, 8, 16, 32, 64, 64]
+    counter, sink = m.BatchCounter(), m.InMemorySink()
+    for steps in (1, 1, 3, 16, 0):
+        counter.count(steps)
+    counter.publish(sink, "target_model")
+    counter.publish(sink, "target_model")  # nothing new: no double count
+    counter.count(2)
+    counter.publish(sink, "target_model")
+    by_bucket = {bound: sink.total(m.DECODER_BATCHES, batch_size=str(bound)) for bound in (1, 2, 4, 16)}
+    assert by_bucket == {1: 2, 2: 1, 4: 1, 16: 1}
+
+
+def test_phase_seconds_are_recorded_per_request():
+    from specdec.generation import GenerationStats
+
+    sink = m.InMemorySink()
+    metrics = m.GenerationMetrics(sink, "speculative_decoding", "i0")
+    timer = metrics.start("code")
+    timer.stats = GenerationStats(output_tokens=3)
+    timer.stats.add_time("target", 0.5)
+    timer.stats.add_time("target", 0.25)
+    timer.stats.add_time("accept", 0.1)
+    metrics.finish(timer, "length")
+    assert sink.total(m.GENERATION_SECONDS, phase="target") == pytest.approx(0.75)
+    assert sink.total(m.GENERATION_SECONDS, phase="accept") == pytest.approx(0.1)

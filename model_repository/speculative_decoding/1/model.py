@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +101,13 @@ class TritonPythonModel:
             prefill_chunk=int(params.get("prefill_chunk_tokens", DEFAULT_PREFILL_CHUNK)))
         # At most as many live generations as KV slots, each with the KV blocks of its prompt + max_tokens
         # reserved: the rest wait here (bounded), never inside the decoders.
-        self.admission = Admission(int(params["max_concurrent_sequences"]), int(params["max_queued_generations"]),
+        # The stub runs each BLS `async_exec` in a thread of the event loop's default executor, which holds
+        # min(32, CPUs + 4) threads: 6 on a 2-core machine, so at most 6 model calls were in flight and 16
+        # sequences reached the decoders in batches of 3-4. Room for every live sequence's calls (a prefill
+        # chunk runs the target and the draft at once) plus END calls of finishing ones.
+        max_sequences = int(params["max_concurrent_sequences"])
+        self.bls_executor = ThreadPoolExecutor(max_workers=2 * max_sequences + 8, thread_name_prefix="bls")
+        self.admission = Admission(max_sequences, int(params["max_queued_generations"]),
                                    float(params["queue_timeout_s"]),
                                    kv_blocks=pool.num_blocks() if pool else None,
                                    block_size=pool.block_size if pool else DEFAULT_BLOCK_SIZE)
@@ -113,6 +120,7 @@ class TritonPythonModel:
                                               gauges={ACTIVE_REQUESTS: lambda: metrics.active})
 
     async def execute(self, requests: list) -> None:
+        asyncio.get_running_loop().set_default_executor(self.bls_executor)
         await asyncio.gather(*(self._serve(request) for request in requests))
 
     async def _serve(self, request: Any) -> None:
@@ -202,6 +210,7 @@ class TritonPythonModel:
         return reason
 
     def finalize(self) -> None:
+        self.bls_executor.shutdown(wait=False, cancel_futures=True)
         self.process_metrics.close()
         self.metric_sink.close()
         self.abandoned.remove_all()
