@@ -5,8 +5,9 @@ held-out chat requests (`prompts/bench_chat.json`) through gRPC, plain (num_draf
 (the task profiles) cells interleaved, greedy or sampled. Per cell it prints output tokens/s, P50/P99
 latency, and from Triton's metrics, per decoder model: executions, the mean batch per execution
 (`nv_inference_request_success` / `nv_inference_exec_count`), the distribution of batch sizes
-(`specdec_decoder_batch_size`), compute per execution and the mean time a step waited in the queue; and
-from speculative_decoding, the mean time per iteration in each phase (`specdec_iteration_seconds_total`).
+(`specdec_decoder_executions_total`), the batch-weighted compute time of an execution and the mean time a
+step waited in the queue; and from speculative_decoding, the time of one sequence's iteration in each phase
+(`specdec_generation_seconds_total` / `specdec_target_calls_total`).
 
     load-profile --start-server --concurrency 1,4,16,64 --modes plain,speculative --sampling greedy,t0.7
     load-profile --url 127.0.0.1:8001 --metrics-url http://127.0.0.1:8002/metrics --concurrency 16
@@ -34,8 +35,8 @@ from specdec_client.server import DEFAULT_MODEL_REPOSITORY, start_on_free_ports
 
 CHAT_PROMPTS = Path(__file__).resolve().parent / "prompts" / "bench_chat.json"
 DECODERS = ("target_model", "eagle_draft", "draft_model")
-BATCH_METRIC = "specdec_decoder_batch_size"
-PHASE_METRIC = "specdec_iteration_seconds_total"
+BATCH_METRIC = "specdec_decoder_executions_total"
+PHASE_METRIC = "specdec_generation_seconds_total"
 SAMPLINGS = {"greedy": {"temperature": 0.0}, "t0.7": {"temperature": 0.7, "top_p": 0.95},
              "t1.0": {"temperature": 1.0}}
 
@@ -80,17 +81,11 @@ def load_prompts(path: Path = CHAT_PROMPTS) -> list[dict[str, Any]]:
 
 
 def batch_distribution(delta: Scrape, model: str) -> dict[str, float]:
-    """Share of executions per batch-size bucket (le label) from the histogram's cumulative buckets."""
-    buckets = sorted(((float(labels["le"]), value) for labels, value in delta.values(BATCH_METRIC + "_bucket",
-                                                                                      model=model)),
-                     key=lambda b: b[0])
-    total = buckets[-1][1] if buckets else 0.0
-    out, below = {}, 0.0
-    for le, cumulative in buckets:
-        if cumulative - below > 0 and total:
-            out["inf" if le == float("inf") else f"<={le:g}"] = round((cumulative - below) / total, 3)
-        below = cumulative
-    return out
+    """Share of a decoder's executions per batch-size bucket (`<=N`: at most N steps, more than the bucket
+    below)."""
+    counts = {int(labels["batch_size"]): value for labels, value in delta.values(BATCH_METRIC, model=model)}
+    total = sum(counts.values())
+    return {f"<={bound}": round(count / total, 3) for bound, count in sorted(counts.items()) if count} if total else {}
 
 
 def decoder_figures(delta: Scrape) -> dict[str, dict[str, Any]]:
@@ -102,8 +97,10 @@ def decoder_figures(delta: Scrape) -> dict[str, dict[str, Any]]:
             continue
         figures[model] = {
             "executions": int(executions), "steps": int(steps), "mean_batch": round(steps / executions, 2),
+            # Triton credits every request of a batch with the batch's compute time: per step, this is the
+            # batch-weighted mean duration of an execution.
             "compute_ms_per_execution": round(delta.total("nv_inference_compute_infer_duration_us", model=model)
-                                              / executions / 1e3, 2),
+                                              / max(steps, 1) / 1e3, 2),
             "queue_ms_per_step": round(delta.total("nv_inference_queue_duration_us", model=model)
                                        / max(steps, 1) / 1e3, 2),
             "batch_sizes": batch_distribution(delta, model),
@@ -112,7 +109,7 @@ def decoder_figures(delta: Scrape) -> dict[str, dict[str, Any]]:
 
 
 def phase_figures(delta: Scrape) -> dict[str, float]:
-    iterations = delta.total("specdec_iterations_total")
+    iterations = delta.total("specdec_target_calls_total")
     if not iterations:
         return {}
     phases = {labels["phase"]: value for labels, value in delta.values(PHASE_METRIC)}
