@@ -102,8 +102,11 @@ def test_a_dynamic_tree_refuses_sampled_drafting(tiny_eagle):
     assert isinstance(sampled.error, InvalidRequestError) and "tree_nodes" in str(sampled.error)
 
 
-def generate(backend_, settings: SpeculationSettings, prefill_chunk: int = 256) -> tuple[list[int], GenerationStats]:
+def generate(backend_, settings: SpeculationSettings, prefill_chunk: int = 256,
+             others: int = 0) -> tuple[list[int], GenerationStats]:
+    """The tokens and statistics of one greedy generation, with `others` sequences already generating."""
     generator = SpeculativeGenerator(backend_, MAX_LENGTH, prefill_chunk=prefill_chunk)
+    generator.sequences = others
     stats = GenerationStats()
 
     async def run() -> list[int]:
@@ -260,17 +263,8 @@ def test_speculation_pauses_above_the_profiles_max_sequences(tiny_pair, tiny_eag
     calls = _recording(monkeypatch)
     settings = SpeculationSettings("text", "eagle+ngram", 3, 3, 1, "greedy", 0.7, prompt_lookup=PromptLookup(),
                                    max_sequences=max_sequences)
-    generator = SpeculativeGenerator(backend(tiny_pair, tiny_eagle), MAX_LENGTH)
-    generator.sequences = others
-    stats = GenerationStats()
-
-    async def run() -> list[int]:
-        tokens: list[int] = []
-        async for update in generator.generate(GenerationRequest(PROMPT, 40, settings=settings), 7, stats):
-            tokens += update.token_ids
-        return tokens
-
-    assert asyncio.run(run()) == plain
+    got, stats = generate(backend(tiny_pair, tiny_eagle), settings, others=others)
+    assert got == plain
     assert (stats.draft_tokens > 0) == speculates and (stats.load_plain_steps == 0) == speculates
     assert bool([call for call in calls if call.num_draft_tokens]) == speculates
     assert set(stats.phase_seconds) >= {"target", "accept", "other"}
