@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec_client.api import generate_grpc
+from specdec_client.bench import percentile
 from specdec_client.scrape import Scrape, scrape
 from specdec_client.server import DEFAULT_MODEL_REPOSITORY, start_on_free_ports
 
@@ -58,19 +59,13 @@ class Cell:
         return self.output_tokens / self.wall_s if self.wall_s else 0.0
 
     def summary(self) -> dict[str, Any]:
-        lat = sorted(self.latencies_s)
+        lat = self.latencies_s
         return {"mode": self.mode, "sampling": self.sampling, "concurrency": self.concurrency,
                 "requests": self.requests, "output_tokens": self.output_tokens, "wall_s": round(self.wall_s, 2),
                 "tok_per_s": round(self.tok_per_s, 1),
                 "p50_latency_s": round(statistics.median(lat), 3) if lat else None,
-                "p99_latency_s": round(nearest_rank(lat, 0.99), 3) if lat else None,
+                "p99_latency_s": round(percentile(lat, 99), 3) if lat else None,
                 "decoders": self.decoders, "phases_ms_per_iteration": self.phases_ms_per_iteration}
-
-
-def nearest_rank(sorted_values: list[float], q: float) -> float:
-    """The nearest-rank percentile of already sorted values."""
-    index = max(0, min(len(sorted_values) - 1, int(-(-q * len(sorted_values) // 1)) - 1))
-    return sorted_values[index]
 
 
 def load_prompts(path: Path = CHAT_PROMPTS) -> list[dict[str, Any]]:

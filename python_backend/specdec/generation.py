@@ -98,8 +98,10 @@ class GenerationStats:
     lookup_draft_tokens: int = 0  # of draft_tokens, those prompt lookup proposed
     lookup_accepted_tokens: int = 0
     load_plain_steps: int = 0  # plain steps taken because more sequences generated than the profile speculates for
-    # Seconds per phase of the iterations (specdec.metrics.PHASES): draft, lookup, target, accept, other.
+    # Seconds per phase of the prefill and iterations (specdec.metrics.PHASES but "other"): draft, lookup, target,
+    # accept; and their whole time, of which "other" is what no phase took.
     phase_seconds: dict[str, float] = field(default_factory=dict)
+    iteration_seconds: float = 0.0
 
     def add_time(self, phase: str, seconds: float) -> None:
         self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + seconds
@@ -235,7 +237,9 @@ class _Run:
         self.iteration = 0
 
     async def loop(self, is_cancelled: Callable[[], bool]) -> AsyncIterator[GenerationUpdate]:
+        started = self.gen._clock()
         result = await self._prefill(is_cancelled)
+        self.stats.iteration_seconds += self.gen._clock() - started  # the prefill's target time is a phase too
         if result is None:
             yield GenerationUpdate([], finished=True, finish_reason="cancelled")
             return
@@ -248,10 +252,9 @@ class _Run:
             if update.finished:
                 return
             self.iteration += 1
-            started, timed = self.gen._clock(), sum(self.stats.phase_seconds.values())
+            started = self.gen._clock()
             new = await self._iterate()
-            inside = sum(self.stats.phase_seconds.values()) - timed
-            self.stats.add_time("other", max(self.gen._clock() - started - inside, 0.0))
+            self.stats.iteration_seconds += self.gen._clock() - started
 
     def _prefill_chunks(self) -> list[tuple[int, int]]:
         chunk = self.gen.prefill_chunk

@@ -125,8 +125,8 @@ BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # a decoder execution's step coun
 # sampling over the target's logits, and everything else in the loop (emitting tokens, bookkeeping).
 PHASES = ("draft", "lookup", "target", "accept", "other")
 GENERATION_SECONDS = MetricSpec("specdec_generation_seconds_total", "counter",
-                                "Seconds generations spent per phase of their iterations (draft, lookup, target, "
-                                "accept, other), summed over sequences: divided by specdec_target_calls_total, the "
+                                "Seconds generations spent per phase of their prefill and iterations (draft, "
+                                "lookup, target, accept, other), summed over sequences: divided by specdec_target_calls_total, the "
                                 "time of one iteration of one sequence.", (*_REQ, PHASE))
 
 # ---- tier 1 addition: how full decoder executions are (reported by target_model, draft_model, eagle_draft) ----
@@ -349,7 +349,9 @@ class GenerationMetrics:
                 sink.increment(ACCEPTED_BY_POSITION, {**labels, POSITION: str(position)}, accepted)
         if stats.draft_failures:
             sink.increment(ERRORS, {**labels, ERROR_KIND: "draft_failure"}, stats.draft_failures)
-        for phase, seconds in _stat(stats, ("phase_seconds",), {}).items():
+        phases = dict(_stat(stats, ("phase_seconds",), {}))
+        phases["other"] = _stat(stats, ("iteration_seconds",), 0.0) - sum(phases.values())
+        for phase, seconds in phases.items():
             if seconds > 0:
                 sink.increment(GENERATION_SECONDS, {**labels, PHASE: phase}, seconds)
         gauge_labels = {**labels, INSTANCE: self.instance}

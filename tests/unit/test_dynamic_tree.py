@@ -267,8 +267,9 @@ def test_speculation_pauses_above_the_profiles_max_sequences(tiny_pair, tiny_eag
     assert got == plain
     assert (stats.draft_tokens > 0) == speculates and (stats.load_plain_steps == 0) == speculates
     assert bool([call for call in calls if call.num_draft_tokens]) == speculates
-    assert set(stats.phase_seconds) >= {"target", "accept", "other"}
+    assert set(stats.phase_seconds) >= {"target", "accept"}
     assert all(seconds >= 0 for seconds in stats.phase_seconds.values())
+    assert stats.iteration_seconds >= sum(stats.phase_seconds.values())  # "other" is never negative
 
 
 def test_a_seeded_sampled_request_speculates_on_any_load(tiny_pair, tiny_eagle):

@@ -255,6 +255,8 @@ def test_phase_seconds_are_recorded_per_request():
     timer.stats.add_time("target", 0.5)
     timer.stats.add_time("target", 0.25)
     timer.stats.add_time("accept", 0.1)
+    timer.stats.iteration_seconds = 1.0
     metrics.finish(timer, "length")
     assert sink.total(m.GENERATION_SECONDS, phase="target") == pytest.approx(0.75)
     assert sink.total(m.GENERATION_SECONDS, phase="accept") == pytest.approx(0.1)
+    assert sink.total(m.GENERATION_SECONDS, phase="other") == pytest.approx(0.15)
