@@ -127,7 +127,8 @@ PHASES = ("draft", "lookup", "target", "accept", "other")
 GENERATION_SECONDS = MetricSpec("specdec_generation_seconds_total", "counter",
                                 "Seconds generations spent per phase of their prefill and iterations (draft, "
                                 "lookup, target, accept, other), summed over sequences: divided by "
-                                "specdec_target_calls_total, the time of one iteration of one sequence.", (*_REQ, PHASE))
+                                "specdec_target_calls_total, the time of one iteration of one sequence.",
+                                (*_REQ, PHASE))
 
 # ---- tier 1 addition: how full decoder executions are (reported by target_model, draft_model, eagle_draft) ----
 DECODER_BATCHES = MetricSpec("specdec_decoder_executions_total", "counter",
