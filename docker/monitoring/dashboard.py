@@ -190,7 +190,8 @@ def dashboard() -> dict[str, Any]:
                         (f"sum by (model) ({m.KV_BLOCKS.name}{{{SERVER}}})", "KV blocks {{model}}")], "short", min=0),
             w=8)
     lay.add(timeseries("Where a generation's time goes", "Seconds per second that generating sequences spend in "
-                       "each phase of their iterations (draft, lookup, target, accept, other), summed over sequences.",
+                       "each phase of their iterations (draft, lookup, wait, target, accept, other), summed over "
+                       "sequences.",
                        [(f"sum by (phase) (rate({m.GENERATION_SECONDS.name}{{{SPEC}}}[{WINDOW}]))", "{{phase}}")],
                        "s", min=0), w=12)
     lay.add(timeseries("Decoder executions by batch size", "Executions per second of each decoder by how many "

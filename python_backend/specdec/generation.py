@@ -43,6 +43,7 @@ from specdec.errors import InvalidRequestError
 from specdec.fallback import FallbackMonitor
 from specdec.rejection_sampler import rejection_verify
 from specdec.sampling import SamplingParams, make_rng, probabilities, sample
+from specdec.waves import WaveGate
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +99,8 @@ class GenerationStats:
     lookup_draft_tokens: int = 0  # of draft_tokens, those prompt lookup proposed
     lookup_accepted_tokens: int = 0
     load_plain_steps: int = 0  # plain steps taken because more sequences generated than the profile speculates for
-    # Seconds per phase of the prefill and iterations (specdec.metrics.PHASES but "other"): draft, lookup, target,
-    # accept; and their whole time, of which "other" is what no phase took.
+    # Seconds per phase of the prefill and iterations (specdec.metrics.PHASES but "other"): draft, lookup, wait,
+    # target, accept; and their whole time, of which "other" is what no phase took.
     phase_seconds: dict[str, float] = field(default_factory=dict)
     iteration_seconds: float = 0.0
 
@@ -156,6 +157,8 @@ class SpeculativeGenerator:
         self.monitors = monitors or {}
         self._clock = clock
         self.sequences = 0  # generating now (the load a dynamic tree's max_sequences reads)
+        # The target calls of concurrent sequences go out in waves, so one decoder execution serves them all.
+        self.waves = WaveGate(lambda: self.sequences)
 
     def validate(self, request: GenerationRequest) -> None:
         if not request.prompt_ids:
@@ -182,6 +185,7 @@ class SpeculativeGenerator:
                 yield update
         finally:
             self.sequences -= 1
+            self.waves.changed()
             await run.release()
 
 
@@ -467,9 +471,15 @@ class _Run:
 
     async def _target(self, step: StepRequest, scored: int) -> StepResult:
         started = self.gen._clock()
-        result = _checked(await self.backend.target_step(step), "target_model")
+        await self.gen.waves.enter()
+        called = self.gen._clock()
+        try:
+            result = _checked(await self.backend.target_step(step), "target_model")
+        finally:
+            self.gen.waves.leave()
         self.stats.target_calls += 1
-        elapsed = self.gen._clock() - started
+        elapsed = self.gen._clock() - called
+        self.stats.add_time("wait", called - started)
         self.stats.add_time("target", elapsed)
         self.gen.costs.target.observe(scored, elapsed)
         return result

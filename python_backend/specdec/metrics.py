@@ -121,12 +121,12 @@ ACTIVE_REQUESTS = MetricSpec("specdec_active_requests", "gauge",
                              "Requests being generated now (holding a KV slot).", _PROC)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # a decoder execution's step count, counted up to each bound
 # Phases of a generation's iterations (specdec_generation_seconds_total): waiting for and running the drafter
-# model, prompt lookup, waiting for and running the target model (queue + forward + transport), acceptance and
-# sampling over the target's logits, and everything else in the loop (emitting tokens, bookkeeping).
-PHASES = ("draft", "lookup", "target", "accept", "other")
+# model, prompt lookup, waiting for the target call's wave (specdec.waves), the target call (queue + forward +
+# transport), acceptance and sampling over the target's logits, and everything else in the loop.
+PHASES = ("draft", "lookup", "wait", "target", "accept", "other")
 GENERATION_SECONDS = MetricSpec("specdec_generation_seconds_total", "counter",
                                 "Seconds generations spent per phase of their prefill and iterations (draft, "
-                                "lookup, target, accept, other), summed over sequences: divided by "
+                                "lookup, wait, target, accept, other), summed over sequences: divided by "
                                 "specdec_target_calls_total, the time of one iteration of one sequence.",
                                 (*_REQ, PHASE))
 
