@@ -13,6 +13,7 @@ import requests
 import torch
 import tritonclient.grpc as grpcclient
 from specdec_client.api import GenerationError, generate_grpc, generate_http
+from specdec_client.scrape import scrape, wait_for
 from transformers import AutoTokenizer, LlamaForCausalLM
 
 pytestmark = pytest.mark.integration
@@ -85,16 +86,31 @@ def test_http_generate_returns_one_response_with_stats(server):
         assert name in body
 
 
-def test_concurrent_streams_match_sequential(server, all_prompts, plain_outputs):
-    prompts = [p for _, p in all_prompts[:8]]
+@pytest.mark.parametrize("draft", [5, None], ids=["k5", "profile"])
+def test_concurrent_streams_match_sequential(server, all_prompts, plain_outputs, draft):
+    """16 streams at once (the profile's drafter, or a fixed k) each give their single-stream plain answer, and the
+    target serves several of them in one execution (waves, specdec.waves)."""
+    prompts = [p for _, p in all_prompts[:16]]
+    assert len(prompts) == 16
 
     def run(prompt):
-        return generate_grpc(server.grpc_url, {"text_input": prompt, "max_tokens": MAX_TOKENS, "stream": True,
-                                               "num_draft_tokens": 5}).text
+        params = {"text_input": prompt, "max_tokens": MAX_TOKENS, "stream": True, "exclude_input_in_output": True}
+        if draft is not None:
+            params["num_draft_tokens"] = draft
+        return generate_grpc(server.grpc_url, params).text
 
-    with ThreadPoolExecutor(8) as pool:
+    before = scrape(server.metrics_url)
+    with ThreadPoolExecutor(16) as pool:
         together = list(pool.map(run, prompts))
     assert together == [plain_outputs[p].text for p in prompts]
+
+    def executions_of_five_or_more(now) -> float:
+        delta = (now - before).values("specdec_decoder_executions_total", model="target_model")
+        return sum(value for labels, value in delta if int(labels["batch_size"]) >= 8)
+
+    # The decoders publish their execution counts once a second.
+    assert executions_of_five_or_more(wait_for(server.metrics_url, lambda now: executions_of_five_or_more(now) > 0,
+                                               timeout_s=10.0)) > 0
 
 
 def grpc_error(server, inputs: list[grpcclient.InferInput]) -> str:
