@@ -140,6 +140,10 @@ class SpeculationConfig:
     # request whose text does not depend on the load decodes plain: a batched verification is bound by its
     # rows on a CPU, and every draft row then costs what it saves (docs/BENCHMARKS.md, "Under load").
     max_sequences: int = 0
+    # Whether a sampled request (temperature > 0) that sets no speculation option of its own speculates. Off: with
+    # this head, sampled speculation gained 1.02x at concurrency 1 and lost at 4 and 16 (0.75x, 0.60x), and a
+    # seeded request cannot follow the load (its text would change with it) (docs/BENCHMARKS.md, "Under load").
+    speculate_sampled: bool = False
 
     def serving(self, served_drafters: tuple[str, ...]) -> SpeculationConfig:
         """This config for a deployment that serves only `served_drafters`: a profile whose drafter is not
@@ -191,9 +195,13 @@ class SpeculationConfig:
         max_sequences = int(spec.get("max_sequences", cls.max_sequences))
         if max_sequences < 0:
             raise ValueError(f"max_sequences must be >= 0 (0: speculate at any load), got {max_sequences}")
+        speculate_sampled = spec.get("speculate_sampled", cls.speculate_sampled)
+        if not isinstance(speculate_sampled, bool):
+            raise ValueError(f"speculate_sampled must be true or false, got {speculate_sampled!r}")
         return cls(
             profiles=profiles,
             max_sequences=max_sequences,
+            speculate_sampled=speculate_sampled,
             high_precision_candidates=int(candidates.get("high_precision", 5)),
             verify_threshold=float(spec.get("verify_threshold", 0.7)),
             fallback=FallbackConfig(
@@ -272,6 +280,9 @@ def resolve(config: SpeculationConfig, task: str, prompt_text: str | None, *, nu
         verify_threshold=config.verify_threshold, prompt_lookup=config.prompt_lookup,
         min_confidence=profile.min_confidence, tree=profile.tree, max_sequences=config.max_sequences,
     )
+    asked = (num_draft_tokens, num_candidates, acceptance, verify_threshold, drafter)
+    if sampling and not config.speculate_sampled and all(option is None for option in asked):
+        settings = replace(settings, min_length=0, max_length=0)  # plain decoding (speculate_sampled)
     if sampling and acceptance is None and settings.acceptance == "greedy":
         settings = replace(settings, acceptance="rejection")  # the lossless rule for sampled decoding
     if num_draft_tokens is not None:

@@ -38,15 +38,32 @@ def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     probs = np.exp(scaled)
     probs /= probs.sum(axis=-1, keepdims=True)
     if params.top_p < 1.0:
-        order = np.argsort(-probs, axis=-1, kind="stable")
-        sorted_probs = np.take_along_axis(probs, order, axis=-1)
-        # Keep the smallest set whose mass reaches top_p (the token crossing the line is kept).
-        drop_sorted = np.cumsum(sorted_probs, axis=-1) - sorted_probs >= params.top_p
-        drop = np.zeros_like(drop_sorted)
-        np.put_along_axis(drop, order, drop_sorted, axis=-1)
-        probs = np.where(drop, 0.0, probs)
-        probs /= probs.sum(axis=-1, keepdims=True)
+        probs = np.stack([_nucleus(row, params.top_p) for row in probs])
     return probs
+
+
+NUCLEUS_CANDIDATES = 1024  # top_p first looks among this many most probable tokens (a full sort only if needed)
+
+
+def _nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """`probs` (one row) restricted to its nucleus: the most probable tokens, in order of probability then id,
+    up to and including the one whose cumulative mass reaches `top_p`; renormalized. Sorting a whole 49,152-token
+    row took ~3 ms, a tenth of a target step: the nucleus is looked for among the NUCLEUS_CANDIDATES most probable
+    tokens first (the same set: the order is that of a stable sort of the whole row), sorting the whole row only
+    when their mass falls short or a tie at the boundary could reach outside them."""
+    count = min(NUCLEUS_CANDIDATES, probs.shape[-1])
+    candidates = np.sort(np.argpartition(-probs, count - 1)[:count]) if count < probs.shape[-1] else np.arange(count)
+    order = candidates[np.argsort(-probs[candidates], kind="stable")]
+    sorted_probs = probs[order]
+    reached = np.nonzero(np.cumsum(sorted_probs) - sorted_probs >= top_p)[0]
+    if not len(reached) or (count < probs.shape[-1] and sorted_probs[reached[0] - 1] == sorted_probs[-1]):
+        order = np.argsort(-probs, kind="stable")  # the whole row
+        sorted_probs = probs[order]
+        reached = np.nonzero(np.cumsum(sorted_probs) - sorted_probs >= top_p)[0]
+    kept = order[: reached[0]] if len(reached) else order
+    out = np.zeros_like(probs)
+    out[kept] = probs[kept]
+    return out / out.sum()
 
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:

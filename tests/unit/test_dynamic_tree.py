@@ -302,3 +302,14 @@ def test_max_sequences_comes_from_the_profile_and_an_explicit_length_lifts_it():
     assert SpeculationConfig.from_dict({}).max_sequences == 0
     with pytest.raises(ValueError, match="max_sequences"):
         SpeculationConfig.from_dict({"max_sequences": -1})
+
+
+def test_sampled_requests_decode_plain_unless_the_profile_or_the_request_asks_for_speculation():
+    off, on = SpeculationConfig.from_dict({}), SpeculationConfig.from_dict({"speculate_sampled": True})
+    assert not off.speculate_sampled and on.speculate_sampled
+    assert not resolved(off, "code", sampling=True).enabled and resolved(off, "code").enabled
+    assert resolved(on, "code", sampling=True).enabled
+    for option in ({"num_draft_tokens": 2}, {"drafter": "eagle"}, {"acceptance": "rejection"}):
+        assert resolved(off, "code", sampling=True, **option).enabled, option  # the request asked
+    with pytest.raises(ValueError, match="speculate_sampled"):
+        SpeculationConfig.from_dict({"speculate_sampled": "yes"})
