@@ -70,7 +70,7 @@ class EnginePlan:
             "precision": self.precision, "num_slots": self.num_slots, "max_length": self.max_length,
             "workspace_gib": self.workspace_gib, "optimization_level": self.optimization_level,
             "profiles": [
-                {"name": p.name, "batch": p.batch, "new_tokens": p.new_tokens, "past_length": p.past_length}
+                {"name": p.name, "batch": p.batch, "new_tokens": p.new_tokens, "key_rows": p.key_rows}
                 for p in self.profiles
             ],
         }
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for plan in plans:
         print(f"[build_engines] {plan.model} ({families[plan.model]}): {plan.precision}, profiles "
-              + ", ".join(f"{p.name} B{p.batch} W{p.new_tokens} P{p.past_length}" for p in plan.profiles), flush=True)
+              + ", ".join(f"{p.name} B{p.batch} W{p.new_tokens} P{p.key_rows}" for p in plan.profiles), flush=True)
         meta = build_one(plan, args.timing_cache)
         size_mib = meta.builder["plan_bytes"] / 2**20
         print(f"[build_engines] {plan.model}: {plan.output / ENGINE_FILE} ({size_mib:.1f} MiB)"

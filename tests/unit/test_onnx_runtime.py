@@ -110,21 +110,22 @@ def test_tree_with_cached_nodes_scores_like_the_whole_tree(tiny_pair, tmp_path, 
     np.testing.assert_allclose(grown, whole[2:], atol=1e-4, rtol=1e-4)
 
 
-def test_layout_masks_agree(tiny_pair):
+def test_layout_mask_puts_new_tokens_at_their_rows(tiny_pair):
     items = [ForwardItem(0, 3, np.array([1, 2]), num_logits=2),
              ForwardItem(1, 1, np.array([4, 5, 6]), num_logits=1, tree_parents=np.array([-1, 0, 0]))]
     plan = plan_batch(items, max_length=16)
-    cache, concat = plan.cache_mask(), plan.concat_mask(5)
-    assert cache.shape == (2, 3, 5) and concat.shape == (2, 3, 8)
+    assert plan.key_rows() == 6  # item 0's first new row 3 + the padded width 3
+    assert plan.new_rows().tolist() == [[3, 4, 5], [1, 2, 3]]  # item 0's padding token at row 5
+    cache, wide = plan.cache_mask(), plan.cache_mask(8)
+    assert cache.shape == (2, 3, 5) and wide.shape == (2, 3, 8)
     # item 0: prefix rows 0..2, then causal; item 1: row 0, then its ancestors.
     assert cache[0, :2].tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
-    assert concat[0, :2].tolist() == [[1, 1, 1, 0, 0, 1, 0, 0], [1, 1, 1, 0, 0, 1, 1, 0]]
-    assert concat[1].tolist() == [[1, 0, 0, 0, 0, 1, 0, 0], [1, 0, 0, 0, 0, 1, 1, 0], [1, 0, 0, 0, 0, 1, 0, 1]]
-    assert concat[0, 2].tolist() == [0, 0, 0, 0, 0, 1, 0, 0]  # padding row: the first new token only
+    assert cache[1].tolist() == [[1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 0, 1, 0]]
+    assert np.array_equal(wide[:, :, :5], cache) and not wide[:, :, 5:].any()  # rows past the batch: unseen
     assert plan.logit_rows.tolist() == [0, 1, 5]
     assert plan.write_row.tolist() == [3, 4, 1, 2, 3]
-    with pytest.raises(ValueError, match="shorter than a context"):
-        plan.concat_mask(2)
+    with pytest.raises(ValueError, match="fewer than"):
+        plan.cache_mask(4)
 
 
 def test_export_is_made_once_and_reused(tiny_pair, tmp_path):

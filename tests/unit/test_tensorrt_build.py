@@ -54,7 +54,8 @@ def test_profiles_cover_every_call_the_engines_make():
     assert decode.new_tokens == (1, 7, step_tokens(16, 8)) == (1, 7, 129)  # tuned for k+1, up to a full tree
     assert prefill.new_tokens[2] == 256
     for profile in target:
-        assert profile.batch[2] == 16 and profile.past_length == (1, profile.past_length[1], 1024)
+        # key rows: the context plus the call's new tokens, up to a full cache and the profile's widest call
+        assert profile.batch[2] == 16 and profile.key_rows == (1, profile.key_rows[1], 1024 + profile.new_tokens[2])
     draft = compute_profiles("draft", 4, 64, 16, 8, 6, 512)
     assert draft[0].new_tokens == (1, 1, 64)  # opt: the draft's one-token steps; capped by the cache length
     assert draft[1].new_tokens[2] == 64
@@ -68,7 +69,8 @@ def test_profile_shapes_follow_the_graph_inputs(tiny_pair):
     shapes = profile.shapes(spec)
     assert list(shapes) == list(graph_inputs(spec))
     low, opt, high = shapes["attention_mask"]
-    assert (low, opt, high) == ((1, 1, 2), (2, 3, 23), (8, 10, 110))  # keys: past + new
+    assert (low, opt, high) == ((1, 1, 1), (2, 3, 20), (8, 10, 100))  # key rows: the new tokens' among them
+    assert shapes["new_rows"] == ((1, 1), (2, 3), (8, 10))
     last_layer = spec.num_layers - 1
     for name in ("past_keys_0", f"past_values_{last_layer}"):
         assert shapes[name][2] == (spec.num_kv_heads, 8, 100, spec.head_dim)
@@ -128,7 +130,7 @@ def metadata_for(model_dir: Path, **changes) -> EngineMetadata:
     meta = EngineMetadata(
         model="target_model", role="target", precision="fp16", checkpoint_fingerprint=checkpoint_fingerprint(model_dir),
         spec=spec_dict(read_spec(model_dir)), max_length=128, num_slots=4,
-        profiles=[{"name": p.name, "batch": p.batch, "new_tokens": p.new_tokens, "past_length": p.past_length}
+        profiles=[{"name": p.name, "batch": p.batch, "new_tokens": p.new_tokens, "key_rows": p.key_rows}
                   for p in profiles],
         inputs=list(graph_inputs(read_spec(model_dir))), tensorrt_version="10.5.0", device_name="NVIDIA H200",
         compute_capability="9.0",
@@ -164,10 +166,10 @@ def test_metadata_round_trip_and_checks(tiny_pair, tmp_path):
 
 def test_profile_selection(tiny_pair):
     meta = metadata_for(tiny_pair[0])
-    assert meta.select_profile(batch=4, new_tokens=4, past_length=100) == 0  # decode
-    assert meta.select_profile(batch=1, new_tokens=60, past_length=1) == 1  # prefill
+    assert meta.select_profile(batch=4, new_tokens=4, key_rows=100) == 0  # decode
+    assert meta.select_profile(batch=1, new_tokens=60, key_rows=1) == 1  # prefill
     with pytest.raises(ValueError, match="no optimization profile"):
-        meta.select_profile(batch=5, new_tokens=1, past_length=1)
+        meta.select_profile(batch=5, new_tokens=1, key_rows=1)
 
 
 def test_runtime_refuses_clearly_without_an_engine(tiny_pair, tmp_path):

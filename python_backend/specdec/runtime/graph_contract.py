@@ -21,10 +21,12 @@ from specdec.checkpoint import PROPOSAL_VOCAB_FILE, ModelSpec, read_proposal_voc
 # 6: the past KV as one input per layer in the cache's own layout [kv_heads, batch, past, head_dim], and
 # grouped-query attention without repeating keys: no per-step Split, Tile or transposes of the context
 # (the default target, 16 decode steps at context 200 in one forward: 168 -> 75 ms on the 2-core CPU).
-GRAPH_VERSION = 6
+# 7: the new tokens' keys written at their own cache rows (input new_rows) instead of appended after the
+# past: a sequence's logits are the same bit for bit in any batch and any gathered width.
+GRAPH_VERSION = 7
 PRECISIONS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # TensorRT build flag -> graph dtype
 DEFAULT_PRECISION = "fp16"
-STEP_INPUTS = ("input_ids", "position_ids", "attention_mask", "logit_rows")
+STEP_INPUTS = ("input_ids", "position_ids", "attention_mask", "logit_rows", "new_rows")
 PAST_KEYS, PAST_VALUES = "past_keys", "past_values"  # one input a layer: past_keys_0, past_keys_1, ...
 FEATURES = "features"  # an EAGLE head's graph (ModelSpec.is_eagle) also takes the feature of every input token
 OUTPUTS = ("logits", "new_keys", "new_values", "hidden_states")
@@ -33,13 +35,14 @@ _AXES = {
     "hidden_states": {0: "rows"},
     "input_ids": {0: "batch", 1: "new_tokens"},
     "position_ids": {0: "batch", 1: "new_tokens"},
-    "attention_mask": {0: "batch", 1: "new_tokens", 2: "key_length"},
+    "attention_mask": {0: "batch", 1: "new_tokens", 2: "key_rows"},
     "logit_rows": {0: "num_logits"},
+    "new_rows": {0: "batch", 1: "new_tokens"},
     "logits": {0: "num_logits"},
     "new_keys": {2: "batch", 3: "new_tokens"},
     "new_values": {2: "batch", 3: "new_tokens"},
 }
-PAST_AXES = {1: "batch", 2: "past_length"}  # of every past_keys_i / past_values_i [kv_heads, batch, past, head_dim]
+PAST_AXES = {1: "batch", 2: "key_rows"}  # of every past_keys_i / past_values_i [kv_heads, batch, rows, head_dim]
 ONNX_FILE = "decoder.onnx"
 META_PREFIX = "specdec."
 

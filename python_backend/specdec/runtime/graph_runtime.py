@@ -20,6 +20,7 @@ import numpy as np
 
 from specdec.checkpoint import ModelSpec
 from specdec.runtime.base import DecoderRuntime, ForwardItem, ForwardOutput, make_pool
+from specdec.runtime.context_buffer import ContextBuffer, buffer_width
 from specdec.runtime.graph_contract import FEATURES, PAST_KEYS, PAST_VALUES
 from specdec.runtime.layout import plan_batch, split_for_limits
 
@@ -34,6 +35,7 @@ class SlottedGraphRuntime(DecoderRuntime):
 
     max_batch: int | None = None  # items per graph call (None: unlimited)
     max_step_tokens: int | None = None  # new tokens per item per graph call (None: unlimited)
+    keeps_context = True  # keep the last batch's gathered context (specdec.runtime.context_buffer); numpy only
 
     def __init__(self, spec: ModelSpec, num_slots: int, max_length: int, dtype: Any, device: Any = "cpu",
                  num_blocks: int | None = None, block_size: int | None = None,
@@ -49,6 +51,7 @@ class SlottedGraphRuntime(DecoderRuntime):
         shape = (spec.num_layers, spec.num_kv_heads, self.kv.num_rows, spec.head_dim)
         self.k_cache = self._zeros(shape)
         self.v_cache = self._zeros(shape)
+        self._context_buffer: ContextBuffer | None = None
 
     # ---- array hooks (numpy) ----
     def _zeros(self, shape: tuple[int, ...]) -> Any:
@@ -112,27 +115,69 @@ class SlottedGraphRuntime(DecoderRuntime):
                 for item_logits, item_hidden in zip(logits, hidden, strict=True)]
 
     def _forward_batch(self, items: list[ForwardItem]) -> list[ForwardOutput]:
+        key_rows = max(item.first_row for item in items) + max(item.num_tokens for item in items)  # plan.key_rows
+        order, key_rows, keys, values = self._past_context(items, key_rows)
+        items = [items[i] for i in order]
         plan = plan_batch(items, self.max_length, self.spec.sliding_window, self.spec.eagle_feature_size)
-        past = max(1, int(plan.first_row.max()))
-        rows = self._index(self.kv.gather_rows([item.slot for item in items], past).reshape(-1))
         feeds = {
             "input_ids": self._index(plan.ids),
             "position_ids": self._index(plan.positions),
-            "attention_mask": self._mask(plan.concat_mask(past)),
+            "attention_mask": self._mask(plan.cache_mask(key_rows)),
             "logit_rows": self._index(plan.logit_rows),
+            "new_rows": self._index(plan.new_rows()),
         }
-        for prefix, cache in ((PAST_KEYS, self.k_cache), (PAST_VALUES, self.v_cache)):
-            for layer, rows_of_layer in enumerate(self._gather(cache, rows, len(items))):
+        for prefix, context in ((PAST_KEYS, keys), (PAST_VALUES, values)):
+            for layer, rows_of_layer in enumerate(context):
                 feeds[f"{prefix}_{layer}"] = rows_of_layer
         if plan.features is not None:
             feeds[FEATURES] = self._features(plan.features)
         logits, new_keys, new_values, hidden = self._run(feeds)
         # new rows [L, H, B, W, D] -> [L, H, B*W, D], the valid ones into their physical rows.
         src, dst = self._index(plan.write_src), self._index(self._write_rows(plan.write_slot, plan.write_row))
+        written = []
         for cache, new in ((self.k_cache, new_keys), (self.v_cache, new_values)):
-            cache[:, :, dst] = self._new_rows(new)[:, :, src]
+            rows = self._new_rows(new)[:, :, src]
+            cache[:, :, dst] = rows
+            written.append(rows)
+        if self._context_buffer is not None:
+            self._context_buffer.write(plan.write_slot, plan.write_row, *written)
         hidden_all = self._logits_to_numpy(hidden) if len(plan.hidden_rows) else None
-        return plan.outputs(self._logits_to_numpy(logits), hidden_all)
+        outputs = plan.outputs(self._logits_to_numpy(logits), hidden_all)
+        back = np.empty(len(order), dtype=np.int64)
+        back[order] = np.arange(len(order))
+        return [outputs[i] for i in back]
+
+    def _gather_context(self, slots: list[int], rows: int) -> tuple[Any, Any]:
+        """Rows 0..rows-1 of each slot, keys and values [L, H, len(slots), rows, D] (one copy each)."""
+        physical = self._index(self.kv.gather_rows(slots, rows).reshape(-1))
+        return self._gather(self.k_cache, physical, len(slots)), self._gather(self.v_cache, physical, len(slots))
+
+    def _past_context(self, items: list[ForwardItem], key_rows: int) -> tuple[np.ndarray, int, Any, Any]:
+        """(the order to lay the items out in, the key rows the graph reads, keys, values): from the kept
+        context buffer where it can serve the batch (specdec.runtime.context_buffer), else gathered now."""
+        slots = [item.slot for item in items]
+        buffer = self._context_buffer
+        if self.keeps_context and len(items) >= 2:  # a lone sequence gathers little
+            columns = buffer.order_for(slots, key_rows) if buffer is not None else None
+            if columns is None and not (buffer is not None and buffer.is_subset(slots)):
+                self._context_buffer = buffer = None  # freed before the new one is gathered
+                self._context_buffer = buffer = ContextBuffer(list(slots), *self._gather_context(
+                    slots, buffer_width(key_rows)))
+                columns = list(range(len(slots)))
+            if columns is not None:
+                for column in sorted(buffer.stale):
+                    slot = buffer.columns[column]
+                    keys, values = self._gather_context([slot], buffer.width)
+                    buffer.keys[:, :, column], buffer.values[:, :, column] = keys[:, :, 0], values[:, :, 0]
+                buffer.stale.clear()
+                return np.argsort(columns), buffer.width, buffer.keys, buffer.values
+        keys, values = self._gather_context(slots, key_rows)
+        return np.arange(len(items)), key_rows, keys, values
+
+    def release(self, slot: int) -> None:
+        super().release(slot)
+        if self._context_buffer is not None:
+            self._context_buffer.forget(slot)
 
     def move_rows(self, slot: int, src_rows: np.ndarray, dst_start: int) -> None:
         src_rows = np.asarray(src_rows, dtype=np.int64)
@@ -143,3 +188,5 @@ class SlottedGraphRuntime(DecoderRuntime):
         dst = self._index(self.kv.physical_rows(slot, dst_rows))
         for cache in (self.k_cache, self.v_cache):
             cache[:, :, dst] = cache[:, :, src]
+        if self._context_buffer is not None:
+            self._context_buffer.invalidate(slot)

@@ -1,13 +1,11 @@
 """How a batch of ForwardItems is laid out for one padded forward: shared by every runtime.
 
 `plan_batch` turns items into numpy arrays (token ids, RoPE positions, per-item local attention masks, the
-cache rows to write and the rows to return logits for). Each runtime then asks for the attention mask in
-its own key layout:
+cache rows to write and the rows to return logits for), and the attention mask:
 
-- `cache_mask()`: keys are the slot's cache rows `0 .. total-1`, new rows already written in place (the
-  torch runtime attends over its slots directly);
-- `concat_mask(past)`: keys are `past` gathered cache rows followed by the `width` new tokens (exported
-  graphs: the past KV comes in as an input, the new KV is concatenated inside).
+`cache_mask(rows)`: keys are the slot's cache rows `0 .. rows-1`, the new tokens at their own rows: the torch
+runtime attends over its slots directly; exported graphs get `key_rows()` gathered cache rows (or more) and
+write the new tokens' keys into them at `new_rows()`.
 
 With a sliding window (Mistral; specdec.families), both masks also hide every key whose RoPE position is
 `sliding_window` or more before the query's, as transformers' sliding_window_overlay does: the window
@@ -57,16 +55,28 @@ class BatchLayout:
     def width(self) -> int:
         return int(self.ids.shape[1])
 
-    def cache_mask(self) -> np.ndarray:
-        """[B, W, total] bool over cache rows (new rows of item b at `past[b] ..`)."""
-        mask = np.zeros((self.batch, self.width, self.total), dtype=bool)
+    def key_rows(self) -> int:
+        """Cache rows an exported graph reads: every item's first new row plus the padded width, so each item's
+        padding tokens have rows of their own past its valid ones."""
+        return max(1, int(self.first_row.max(initial=0)) + self.width)
+
+    def new_rows(self) -> np.ndarray:
+        """[B, W] int64 cache row of every new token (padding tokens: the rows after the item's last one)."""
+        return self.first_row[:, None] + np.arange(self.width, dtype=np.int64)[None, :]
+
+    def cache_mask(self, rows: int | None = None) -> np.ndarray:
+        """[B, W, rows] bool over cache rows (new rows of item b at `first_row[b] ..`; default rows: total)."""
+        rows = self.total if rows is None else rows
+        if rows < self.total:
+            raise ValueError(f"{rows} key rows are fewer than the {self.total} the batch touches")
+        mask = np.zeros((self.batch, self.width, rows), dtype=bool)
         mask[:, :, 0] = True  # padding rows attend somewhere; their outputs are discarded
         for b in range(self.batch):
             n, first = int(self.num_tokens[b]), int(self.first_row[b])
             self._context(mask[b, :n], b)
             mask[b, :n, first : first + n] = self.local[b, :n, :n]
             if self.sliding_window is not None:
-                keys = np.zeros(self.total, dtype=np.int64)
+                keys = np.zeros(rows, dtype=np.int64)
                 keys[:first] = self.context_positions[b]
                 keys[first : first + n] = self.positions[b, :n]
                 self._window(mask[b, :n], b, keys)
@@ -83,23 +93,6 @@ class BatchLayout:
         rows[:, :past] = True
         if self.cached[b] is not None:
             rows[:, past : int(self.first_row[b])] = self.cached[b]
-
-    def concat_mask(self, past_width: int) -> np.ndarray:
-        """[B, W, past_width + W] bool over `past_width` gathered cache rows then the W new tokens."""
-        if past_width < int(self.first_row.max(initial=0)):
-            raise ValueError(f"past_width {past_width} is shorter than a context of {int(self.first_row.max())} rows")
-        mask = np.zeros((self.batch, self.width, past_width + self.width), dtype=bool)
-        for b in range(self.batch):
-            n = int(self.num_tokens[b])
-            self._context(mask[b, :n], b)
-            mask[b, :, past_width:] = self.local[b]
-            if self.sliding_window is not None:
-                keys = np.zeros(past_width + self.width, dtype=np.int64)
-                keys[: int(self.first_row[b])] = self.context_positions[b]
-                keys[past_width:] = self.positions[b]
-                self._window(mask[b, :n], b, keys)
-            mask[b, n:, past_width] = True  # padding rows attend to the first new token; outputs discarded
-        return mask
 
     def split_logits(self, logits: np.ndarray) -> list[np.ndarray]:
         """Per-item views of logits computed for `logit_rows`."""

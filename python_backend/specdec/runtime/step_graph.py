@@ -5,10 +5,11 @@ One call runs one padded forward of a batch over its KV context:
 inputs
     input_ids       int64 [batch, new_tokens]
     position_ids    int64 [batch, new_tokens]                      RoPE positions (tree depth for trees)
-    attention_mask  bool  [batch, new_tokens, past_length + new_tokens]   keys: past rows, then new tokens
+    attention_mask  bool  [batch, new_tokens, key_rows]            over key rows 0..key_rows-1 (below)
     logit_rows      int64 [num_logits]                             rows of the flattened [batch*new_tokens]
-    past_keys_i     dtype [kv_heads, batch, past_length, head_dim]  layer i's cache rows 0..past_length-1, one
-    past_values_i   dtype [kv_heads, batch, past_length, head_dim]  input per layer (keys of every layer first)
+    new_rows        int64 [batch, new_tokens]                      the key row each new token is written to
+    past_keys_i     dtype [kv_heads, batch, key_rows, head_dim]    layer i's cache rows 0..key_rows-1, one
+    past_values_i   dtype [kv_heads, batch, key_rows, head_dim]    input per layer (keys of every layer first)
     features        fp32  [batch, new_tokens, feature_size]       EAGLE heads only: each token's feature
 outputs
     logits          fp32  [num_logits, vocab]  (a drafter with a proposal vocabulary: [num_logits, its size],
@@ -26,13 +27,21 @@ length and tree-path commit (`move_rows`) stay plain tensor indexing outside it;
 W new rows (a full `present` output would copy the whole context back every step), and the runtime
 scatters them into the slots. Causal, padded-batch and tree attention are all one boolean mask input.
 
+Why the new tokens are written into the key rows (`new_rows`, the rows they will have in the cache) rather
+than appended after the past: every key then sits at its own cache row whatever the batch, so a sequence's
+logits are the same bit for bit alone, in a batch beside longer sequences, or with its context gathered
+wider than it needs (rows past every valid key are masked, and masked keys at the end change no sum);
+appended after a padded past, a sequence's new keys moved with the padding, and onnxruntime's vectorized
+sums round differently unless the shift is a multiple of 16. `key_rows` is at least every item's first new
+row plus the batch's new-token width (padding tokens are written to rows no valid query sees).
+
 Why one past input per layer in the cache's layout: onnxruntime copies every tensor an op slices, so a
 stacked [layers, ...] input cost a Split of the whole context per step, and a [batch, heads, ...] layout a
 transpose; per-layer inputs in the cache's own [kv_heads, rows, head_dim] order are read where the runtime's
 one gather put them. Grouped-query attention multiplies each KV head's group of query heads with it in one
 product instead of repeating the keys per query head.
 
-`past_length` is at least 1 (a fresh sequence gets one masked dummy row): TensorRT profiles and some
+`key_rows` is at least 1 (a fresh sequence gets one masked dummy row): TensorRT profiles and some
 kernels dislike empty dimensions.
 """
 
@@ -95,6 +104,7 @@ class LlamaStepGraph(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                 logit_rows: torch.Tensor, *past_and_features: torch.Tensor):
         s = self.spec
+        new_rows, past_and_features = past_and_features[0], past_and_features[1:]
         past_keys = past_and_features[:s.num_layers]
         past_values = past_and_features[s.num_layers:2 * s.num_layers]
         features = past_and_features[2 * s.num_layers] if s.is_eagle else None
@@ -110,6 +120,7 @@ class LlamaStepGraph(torch.nn.Module):
         # "Bit-identical greedy output"); past one row, every row's result is the same whatever the count.
         mask = torch.cat([attention_mask, attention_mask[:, :1]], dim=1)  # [B, W+1, T]
         mask = mask.unsqueeze(0).unsqueeze(2)  # [1, B, 1, W+1, T]
+        rows = new_rows[None, :, :, None].expand(kv_heads, batch, width, s.head_dim)  # [Hkv, B, W, D]
         hidden = F.embedding(input_ids, self.embed)
         if self.eagle_fc is not None:
             hidden = F.linear(torch.cat([hidden, _cast(features, self.dtype)], dim=-1), self.eagle_fc,
@@ -133,8 +144,8 @@ class LlamaStepGraph(torch.nn.Module):
             v = v.reshape(batch, width, kv_heads, s.head_dim).permute(2, 0, 1, 3)
             new_keys.append(k)
             new_values.append(v)
-            keys = torch.cat([past_keys[i], k], dim=2)  # [Hkv, B, T, D]
-            values = torch.cat([past_values[i], v], dim=2)
+            keys = past_keys[i].scatter(2, rows, k)  # [Hkv, B, T, D], the new keys at their rows
+            values = past_values[i].scatter(2, rows, v)
             q = q.permute(2, 0, 3, 1, 4)  # [Hkv, B, group, W, D]
             q = torch.cat([q, q[:, :, :, :1]], dim=3)  # the extra query row (above)
             q = q.reshape(kv_heads, batch, group * (width + 1), s.head_dim)
@@ -158,8 +169,8 @@ class LlamaStepGraph(torch.nn.Module):
             features = torch.cat([features, *[b * torch.rsqrt(b.pow(2).mean(-1, keepdim=True) + s.rms_norm_eps)
                                               for b in blocks]], dim=-1)
         # One more logit row (the first again, dropped after), for the reason of the extra query row.
-        rows = torch.cat([logit_rows, logit_rows[:1]])
-        logits = _cast(F.linear(normed.index_select(0, rows), self.lm_head)[:-1], torch.float32)
+        logit_index = torch.cat([logit_rows, logit_rows[:1]])
+        logits = _cast(F.linear(normed.index_select(0, logit_index), self.lm_head)[:-1], torch.float32)
         return logits, torch.stack(new_keys), torch.stack(new_values), features
 
 
@@ -167,12 +178,14 @@ def example_inputs(spec: ModelSpec, dtype: torch.dtype, batch: int = 2, width: i
                    past: int = 5) -> tuple[torch.Tensor, ...]:
     """Inputs of the given sizes in the graph's order (graph_contract.graph_inputs; distinct sizes, so the
     tracer keeps every dynamic axis symbolic)."""
-    cache = (spec.num_kv_heads, batch, past, spec.head_dim)
+    cache = (spec.num_kv_heads, batch, past + width, spec.head_dim)
     ids = torch.arange(batch * width, dtype=torch.long).reshape(batch, width) % spec.vocab_size
     positions = past + torch.arange(width, dtype=torch.long).expand(batch, width)
     mask = torch.ones(batch, width, past + width, dtype=torch.bool).tril(diagonal=past)
-    rows = torch.arange(batch * width - 1, dtype=torch.long)
-    inputs = (ids, positions, mask, rows, *(torch.zeros(cache, dtype=dtype) for _ in range(2 * spec.num_layers)))
+    logit_rows = torch.arange(batch * width - 1, dtype=torch.long)
+    new_rows = positions.clone()
+    inputs = (ids, positions, mask, logit_rows, new_rows,
+              *(torch.zeros(cache, dtype=dtype) for _ in range(2 * spec.num_layers)))
     if spec.is_eagle:
         inputs += (torch.randn(batch, width, spec.eagle_feature_size),)
     return inputs

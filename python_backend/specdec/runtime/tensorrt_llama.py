@@ -37,7 +37,7 @@ from specdec.runtime.graph_runtime import SlottedGraphRuntime
 
 ENGINE_FILE = "model.plan"
 METADATA_FILE = "model.json"
-METADATA_FORMAT = 1
+METADATA_FORMAT = 2  # 2: profiles name key_rows (graph version 7)
 GRAPH_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -48,11 +48,11 @@ class ProfileRange:
     name: str
     batch: tuple[int, int, int]
     new_tokens: tuple[int, int, int]
-    past_length: tuple[int, int, int]
+    key_rows: tuple[int, int, int]
 
     def __post_init__(self) -> None:
         for label, (low, opt, high) in (("batch", self.batch), ("new_tokens", self.new_tokens),
-                                        ("past_length", self.past_length)):
+                                        ("key_rows", self.key_rows)):
             if not 1 <= low <= opt <= high:
                 raise ValueError(f"profile {self.name}: {label} needs 1 <= min <= opt <= max, got {low, opt, high}")
 
@@ -60,11 +60,12 @@ class ProfileRange:
         """min / opt / max shape of every graph input (graph_contract.graph_inputs of the checkpoint)."""
         out: dict[str, list[tuple[int, ...]]] = {name: [] for name in graph_inputs(spec)}
         past = past_inputs(spec.num_layers)
-        for b, w, p in zip(self.batch, self.new_tokens, self.past_length, strict=True):
+        for b, w, p in zip(self.batch, self.new_tokens, self.key_rows, strict=True):
             out["input_ids"].append((b, w))
             out["position_ids"].append((b, w))
-            out["attention_mask"].append((b, w, p + w))
+            out["attention_mask"].append((b, w, p))
             out["logit_rows"].append((b * w,))
+            out["new_rows"].append((b, w))
             for name in past:
                 out[name].append((spec.num_kv_heads, b, p, spec.head_dim))
             if spec.is_eagle:
@@ -72,9 +73,9 @@ class ProfileRange:
         out["logit_rows"][0] = (1,)  # a call may ask for a single row whatever its size
         return {name: (s[0], s[1], s[2]) for name, s in out.items()}
 
-    def admits(self, batch: int, new_tokens: int, past_length: int) -> bool:
+    def admits(self, batch: int, new_tokens: int, key_rows: int) -> bool:
         return (self.batch[0] <= batch <= self.batch[2] and self.new_tokens[0] <= new_tokens <= self.new_tokens[2]
-                and self.past_length[0] <= past_length <= self.past_length[2])
+                and self.key_rows[0] <= key_rows <= self.key_rows[2])
 
 
 def step_tokens(max_draft_tokens: int, max_candidates: int) -> int:
@@ -88,7 +89,8 @@ def compute_profiles(role: str, num_slots: int, max_length: int, max_draft_token
     """Two profiles, tried in order by the runtime: `decode` (what every speculation step sends, tuned for
     the usual shape: the draft's one token, the target's k+1) and `prefill` (prompts, in chunks of at most
     `max_prefill_tokens`; longer causal inputs are chunked by the runtime). Both cover every batch size up
-    to `num_slots` and every cache length up to `max_length`, so any call fits one of them."""
+    to `num_slots` and every cache length up to `max_length` (key rows: the context plus the call's padded
+    width of new tokens), so any call fits one of them."""
     if role not in ("target", "draft", "eagle"):
         raise ValueError(f"role must be target, draft or eagle, not {role!r}")
     step = min(step_tokens(max_draft_tokens, max_candidates), max_length)
@@ -97,8 +99,10 @@ def compute_profiles(role: str, num_slots: int, max_length: int, max_draft_token
     opt_batch = max(1, num_slots // 2)
     opt_past = max(1, min(max_length // 4, max_length))
     return [
-        ProfileRange("decode", (1, opt_batch, num_slots), (1, opt_width, step), (1, opt_past, max_length)),
-        ProfileRange("prefill", (1, 1, num_slots), (1, min(128, prefill), prefill), (1, 1, max_length)),
+        ProfileRange("decode", (1, opt_batch, num_slots), (1, opt_width, step),
+                     (1, opt_past + opt_width, max_length + step)),
+        ProfileRange("prefill", (1, 1, num_slots), (1, min(128, prefill), prefill),
+                     (1, min(128, prefill), max_length + prefill)),
     ]
 
 
@@ -126,7 +130,7 @@ class EngineMetadata:
 
     @property
     def profile_ranges(self) -> list[ProfileRange]:
-        return [ProfileRange(p["name"], tuple(p["batch"]), tuple(p["new_tokens"]), tuple(p["past_length"]))
+        return [ProfileRange(p["name"], tuple(p["batch"]), tuple(p["new_tokens"]), tuple(p["key_rows"]))
                 for p in self.profiles]
 
     @property
@@ -169,13 +173,13 @@ class EngineMetadata:
         if problems:
             raise ValueError(f"engine {self.model}: " + "; ".join(problems))
 
-    def select_profile(self, batch: int, new_tokens: int, past_length: int) -> int:
+    def select_profile(self, batch: int, new_tokens: int, key_rows: int) -> int:
         """Index of the first profile admitting a call of this size."""
         for index, profile in enumerate(self.profile_ranges):
-            if profile.admits(batch, new_tokens, past_length):
+            if profile.admits(batch, new_tokens, key_rows):
                 return index
         raise ValueError(f"engine {self.model}: no optimization profile admits batch {batch}, "
-                         f"{new_tokens} new tokens, past length {past_length}")
+                         f"{new_tokens} new tokens, past length {key_rows}")
 
     @property
     def limits(self) -> tuple[int, int]:
@@ -205,6 +209,8 @@ def device_capability(device: torch.device) -> str:
 
 class TensorRTLlamaRuntime(SlottedGraphRuntime):
     """DecoderRuntime over a TensorRT engine of the step graph, with torch CUDA tensors as buffers."""
+
+    keeps_context = False  # a gather on the GPU costs little; the context buffer is numpy's
 
     def __init__(self, model_dir: str | Path, engine_dir: str | Path, num_slots: int, max_length: int | None = None,
                  device: str = "cuda", num_blocks: int | None = None, block_size: int | None = None) -> None:

@@ -1,0 +1,111 @@
+"""The context buffer (specdec.runtime.context_buffer): batches of the same sequences reuse the last forward's
+gathered context, and every forward gives the logits an exact gather gives, bit for bit, through joins,
+partial waves, rollbacks, tree-row moves, releases and growth."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime")
+
+from specdec.runtime.base import ForwardItem  # noqa: E402
+from specdec.runtime.context_buffer import WIDTH_STEP, ContextBuffer, buffer_width  # noqa: E402
+from specdec.runtime.onnx_llama import OnnxLlamaRuntime  # noqa: E402
+
+TARGET = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "pair_12m" / "target"
+
+
+def empty_buffer(columns: list[int | None], width: int = 64) -> ContextBuffer:
+    shape = (2, 1, len(columns), width, 4)
+    return ContextBuffer(list(columns), np.zeros(shape, np.float32), np.zeros(shape, np.float32))
+
+
+def test_a_buffer_serves_its_own_sequences_in_any_order_and_newcomers_in_dead_columns():
+    buffer = empty_buffer([4, 7, 9])
+    assert buffer.order_for([9, 4, 7], rows=64) == [2, 0, 1]
+    assert buffer.order_for([4, 7, 9], rows=65) is None  # wider than the buffer
+    assert buffer.order_for([4, 7], rows=10) is None and buffer.is_subset([4, 7])  # a partial wave
+    assert buffer.order_for([4, 7, 9, 11], rows=10) is None and not buffer.is_subset([4, 7, 9, 11])
+    buffer.forget(7)
+    assert buffer.order_for([4, 9, 3, 5], rows=10) is None  # two newcomers, one dead column
+    assert buffer.columns == [4, None, 9]  # unchanged by a refusal
+    assert buffer.order_for([3, 9, 4], rows=10) == [1, 2, 0]
+    assert buffer.columns == [4, 3, 9] and buffer.stale == {1}  # the newcomer's column is gathered before use
+    assert buffer_width(1) == WIDTH_STEP and buffer_width(WIDTH_STEP) == 2 * WIDTH_STEP
+
+
+def test_writes_land_in_their_columns_below_the_width():
+    buffer = empty_buffer([4, 7], width=8)
+    new = np.arange(2 * 1 * 3 * 4, dtype=np.float32).reshape(2, 1, 3, 4) + 1
+    buffer.write(np.array([7, 4, 5]), np.array([3, 9, 0]), new, -new)  # slot 5 has no column; row 9 >= width
+    assert np.array_equal(buffer.keys[:, :, 1, 3], new[:, :, 0])
+    assert np.array_equal(buffer.values[:, :, 1, 3], -new[:, :, 0])
+    assert np.count_nonzero(buffer.keys) == new[:, :, 0].size
+
+
+class CountingRuntime(OnnxLlamaRuntime):
+    """Counts the slot-rows it gathers from the paged cache."""
+
+    gathered = 0
+
+    def _gather_context(self, slots, rows):
+        self.gathered += len(slots) * rows
+        return super()._gather_context(slots, rows)
+
+
+def test_forwards_through_the_buffer_equal_exact_gathers_bit_for_bit(tmp_path):
+    kept = CountingRuntime(TARGET, num_slots=4, max_length=256, num_threads=1, engine_dir=tmp_path)
+    exact = OnnxLlamaRuntime(TARGET, num_slots=4, max_length=256, num_threads=1, engine_dir=tmp_path)
+    exact.keeps_context = False
+    rng = np.random.default_rng(3)
+    lengths = {0: 0, 1: 0, 2: 0, 3: 0}
+
+    def both(items: list[ForwardItem]) -> None:
+        got, want = kept.forward(items), exact.forward(items)
+        for item, g, w in zip(items, got, want, strict=True):
+            assert np.array_equal(g, w), f"slot {item.slot}: max |diff| {np.abs(g - w).max()}"
+
+    def step(slots: list[int], width: int = 1) -> None:
+        items = [ForwardItem(s, lengths[s], rng.integers(3, kept.vocab_size, width), num_logits=width) for s in slots]
+        both(items)
+        for s in slots:
+            lengths[s] += width
+
+    def rollback(slot: int, rows: int) -> None:
+        lengths[slot] = rows
+        for runtime in (kept, exact):
+            runtime.resize_rows(slot, rows)
+
+    for slot, prompt in ((0, 23), (1, 9), (2, 40)):
+        step([slot], prompt)
+    kept.gathered = 0
+    for _ in range(4):
+        step([0, 1, 2])
+    assert kept._context_buffer is not None and kept._context_buffer.columns == [0, 1, 2]
+    assert kept.gathered == 3 * buffer_width(41)  # one gather, then the buffer is reused
+    step([2, 0, 1])  # another order: the same buffer, the items permuted
+    step([0, 2])  # a partial wave: gathered the old way, the buffer kept (and kept in step)
+    step([0, 1, 2], width=4)  # a verification
+    rollback(0, lengths[0] - 3)  # three drafts rejected: rows past the length are stale, and masked
+    step([0, 1, 2])
+    for runtime in (kept, exact):  # a tree path committed: rows of slot 2 move
+        runtime.move_rows(2, np.array([lengths[2] - 1]), lengths[2] - 2)
+    rollback(2, lengths[2] - 1)
+    step([0, 1, 2])
+    for runtime in (kept, exact):  # slot 1 finishes; a new sequence joins in slot 3
+        runtime.release(1)
+    lengths[1] = 0
+    step([3], 17)
+    gathered = kept.gathered
+    step([0, 3, 2])
+    assert kept._context_buffer.columns == [0, 3, 2]
+    assert kept.gathered - gathered == kept._context_buffer.width  # only the newcomer's column
+    width = kept._context_buffer.width
+    while lengths[2] + 1 <= width:  # the key rows fit the buffer
+        step([0, 3, 2])
+    assert kept._context_buffer.width == width
+    step([0, 3, 2])  # past the width: a wider buffer
+    assert kept._context_buffer.width == buffer_width(width + 1)
