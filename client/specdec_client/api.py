@@ -24,6 +24,7 @@ STAT_NAMES = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tok
 INPUT_DTYPES = {
     "text_input": np.object_, "max_tokens": np.int32, "stream": np.bool_, "end_id": np.int32, "pad_id": np.int32,
     "temperature": np.float32, "top_k": np.int32, "top_p": np.float32, "seed": np.uint64,
+    "runtime_top_k": np.int32, "runtime_top_p": np.float32,
     "min_length": np.int32, "exclude_input_in_output": np.bool_, "num_draft_tokens": np.int32,
     "num_candidates": np.int32, "acceptance": np.object_, "verify_threshold": np.float32, "task": np.object_,
     "drafter": np.object_, "random_seed": np.uint64,

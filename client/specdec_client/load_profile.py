@@ -38,8 +38,9 @@ CHAT_PROMPTS = Path(__file__).resolve().parent / "prompts" / "bench_chat.json"
 DECODERS = ("target_model", "eagle_draft", "draft_model")
 BATCH_METRIC = "specdec_decoder_executions_total"
 PHASE_METRIC = "specdec_generation_seconds_total"
+# top_p sent explicitly: at the ensemble (TensorRT-LLM's semantics) top_k and top_p both 0 or absent mean greedy.
 SAMPLINGS = {"greedy": {"temperature": 0.0}, "t0.7": {"temperature": 0.7, "top_p": 0.95},
-             "t1.0": {"temperature": 1.0}}
+             "t1.0": {"temperature": 1.0, "top_p": 1.0}}
 
 
 @dataclass

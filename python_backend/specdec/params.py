@@ -145,15 +145,32 @@ def parse_request(inputs: Mapping[str, np.ndarray], limits: ServerLimits) -> Req
     )
 
 
+def _one_of(inputs: Mapping[str, np.ndarray], names: tuple[str, str], read) -> object | None:
+    """A value clients may send under either of two names (TensorRT-LLM's ensemble and its runtime spell some
+    sampling inputs both ways): read with `read(name)`; both sent and different is an error naming both."""
+    values = {name: read(name) for name in names}
+    sent = {name: value for name, value in values.items() if value is not None}
+    if len(set(sent.values())) > 1:
+        raise InvalidRequestError(names[0], f"{names[0]} and {names[1]} disagree: {sent[names[0]]} vs {sent[names[1]]}")
+    return next(iter(sent.values()), None)
+
+
 def parse_sampling(inputs: Mapping[str, np.ndarray]) -> SamplingParams:
+    """TensorRT-LLM's sampling semantics (its runtime's "Sampling Parameters"): `top_k` 0 and `top_p` 0, or
+    absent, mean greedy search whatever the temperature; otherwise tokens are sampled at `temperature` (1.0
+    when absent) from the top_k most probable (0: no limit) within the top_p nucleus (0: no limit).
+    Temperature 0 is greedy too. OpenAI's semantics (temperature alone samples) are the OpenAI endpoint's
+    to translate: it sends top_p explicitly."""
     temperature = _float(inputs, "temperature")
     if temperature is not None and not 0 <= temperature <= 100:
         raise InvalidRequestError("temperature", f"must be in [0, 100], got {temperature}")
-    top_k = _int(inputs, "top_k", 0, MAX_TOP_K, 0) or 0
-    top_p = _float(inputs, "top_p")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise InvalidRequestError("top_p", f"must be in (0, 1], got {top_p}")
+    top_k = _one_of(inputs, ("top_k", "runtime_top_k"), lambda name: _int(inputs, name, 0, MAX_TOP_K, None))
+    top_p = _one_of(inputs, ("top_p", "runtime_top_p"), lambda name: _float(inputs, name))
+    if top_p is not None and not 0 <= top_p <= 1:
+        raise InvalidRequestError("top_p", f"must be in [0, 1], got {top_p}")
     seed = _int(inputs, "seed", 0, (1 << 64) - 1, None)
     if seed is None:
         seed = _int(inputs, "random_seed", 0, (1 << 64) - 1, None)
-    return SamplingParams(temperature or 0.0, top_k, 1.0 if top_p is None else top_p, seed)
+    if not top_k and not top_p:
+        return SamplingParams(0.0, 0, 1.0, seed)
+    return SamplingParams(1.0 if temperature is None else temperature, top_k or 0, top_p or 1.0, seed)

@@ -82,26 +82,36 @@ def run_like_e2e_client(url: str, inputs: dict[str, np.ndarray], streaming: bool
     return texts[0][0], errors
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
 @pytest.mark.parametrize("streaming", [False, True])
-def test_end_to_end_grpc_client_defaults(server, streaming):
-    """Its default flags: temperature 1.0 (sampled), the prompt echoed when not streaming."""
-    text, errors = run_like_e2e_client(server.grpc_url, e2e_client_inputs(PROMPT, streaming), streaming)
-    assert not errors
-    if streaming:
-        assert text.strip()
-    else:
-        assert text.startswith(PROMPT) and len(text) > len(PROMPT)
-
-
-@pytest.mark.parametrize("streaming", [False, True])
-def test_end_to_end_grpc_client_greedy_matches_our_client(server, streaming):
-    inputs = e2e_client_inputs(PROMPT, streaming, temperature=0.0)
+def test_end_to_end_grpc_client_gets_greedy_text(server, streaming, temperature):
+    """Its default flags (temperature 1.0, no top_k / top_p, the prompt echoed when not streaming) mean greedy
+    search in TensorRT-LLM, whatever the temperature: the text equals our greedy answer."""
+    inputs = e2e_client_inputs(PROMPT, streaming, temperature=temperature)
     text, errors = run_like_e2e_client(server.grpc_url, inputs, streaming,
                                        output_names=("text_output", "batch_index", "sequence_index"))
     assert not errors
     ours = generate_grpc(server.grpc_url, {"text_input": PROMPT, "max_tokens": OUTPUT_LEN, "stream": streaming,
                                            "exclude_input_in_output": True}).text
     assert text == (ours if streaming else PROMPT + ours)
+
+
+def test_runtime_top_k_and_top_p_sample_under_either_name(server):
+    """top_k or top_p set (either spelling) samples at the temperature; a seed makes it reproducible."""
+    def text(**extra: np.ndarray) -> str:
+        inputs = {**e2e_client_inputs(PROMPT, False, temperature=1.0), "random_seed": np.uint64([[3]]), **extra}
+        got, errors = run_like_e2e_client(server.grpc_url, inputs, False)
+        assert not errors
+        return got
+
+    greedy = text()
+    by_top_p = text(top_p=np.float32([[1.0]]))
+    assert text(runtime_top_p=np.float32([[1.0]])) == by_top_p
+    assert by_top_p != greedy  # sampled at temperature 1.0 (this prompt and seed: measured to differ)
+    assert text(runtime_top_k=np.int32([[1]])) == greedy  # the single most probable token: greedy again
+    _, errors = run_like_e2e_client(server.grpc_url, {**e2e_client_inputs(PROMPT, False), "top_p": np.float32([[0.5]]),
+                                                      "runtime_top_p": np.float32([[0.9]])}, False)
+    assert len(errors) == 1 and "runtime_top_p" in str(errors[0])
 
 
 def test_text_output_is_flat_and_indices_are_declared(server):

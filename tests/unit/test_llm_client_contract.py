@@ -51,3 +51,30 @@ def test_the_deployment_sets_the_echo_default():
     deployment["request_defaults"] = {"exclude_input_in_output": True}
     params = render_configs.speculative_config(deployment).parameters
     assert params["default_exclude_input_in_output"].string_value == "true"
+
+
+def test_tensorrt_llm_sampling_semantics():
+    """top_k 0 and top_p 0 (or absent) are greedy search whatever the temperature; either set samples at the
+    temperature (1.0 when absent); runtime_top_k / runtime_top_p are the same inputs under TensorRT-LLM's other
+    names, and two disagreeing values are refused naming them."""
+    import pytest
+    from specdec.errors import InvalidRequestError
+    from specdec.params import parse_sampling
+
+    def sampling(**values: float):
+        return parse_sampling({name: np.array([[value]]) for name, value in values.items()})
+
+    assert sampling(temperature=1.0).greedy  # what end_to_end_grpc_client.py sends by default
+    assert sampling(temperature=0.7, top_k=0, top_p=0.0).greedy
+    assert sampling(temperature=0.0, top_p=0.9).greedy  # temperature 0 is greedy too
+    assert sampling().greedy
+    by_p = sampling(temperature=0.7, top_p=0.95)
+    assert (by_p.greedy, by_p.temperature, by_p.top_k, by_p.top_p) == (False, 0.7, 0, 0.95)
+    by_k = sampling(runtime_top_k=40)
+    assert (by_k.greedy, by_k.temperature, by_k.top_k, by_k.top_p) == (False, 1.0, 40, 1.0)
+    assert sampling(runtime_top_p=0.5, top_p=0.5).top_p == 0.5  # the same value under both names
+    with pytest.raises(InvalidRequestError, match="runtime_top_p"):
+        sampling(top_p=0.5, runtime_top_p=0.9)
+    with pytest.raises(InvalidRequestError, match="top_p"):
+        sampling(top_p=1.5)
+    assert {"runtime_top_k", "runtime_top_p"} <= names(c.PUBLIC_INPUTS)

@@ -86,6 +86,22 @@ def test_completion_text_usage_and_speculation():
     assert (options["seed"], options["temperature"], options["top_p"]) == (7, 0.5, 0.9)
 
 
+def test_a_sampled_request_sends_its_nucleus_explicitly():
+    """OpenAI samples whenever the temperature is above 0; the ensemble (TensorRT-LLM's semantics) is greedy
+    without top_k and top_p, so the endpoint sends top_p 1.0 when the client left it out."""
+    from specdec_client.openai_api.schemas import CompletionRequest
+
+    def sent(**fields):
+        options = CompletionRequest(model=MODEL, prompt="hi", **fields).ensemble_inputs()
+        return options["temperature"], options["top_p"], options["top_k"]
+
+    assert sent(temperature=0.8) == (0.8, 1.0, None)
+    assert sent(temperature=0.8, top_p=0.5) == (0.8, 0.5, None)
+    assert sent(top_k=20) == (None, 1.0, 20)  # sampled at the ensemble's default temperature, 1.0
+    assert sent(temperature=0.0) == (0.0, None, None)
+    assert sent() == (None, None, None)  # the server's default: greedy
+
+
 def test_completion_default_max_tokens_and_echo():
     backend = ScriptedBackend(["x"] * 40)
     out = run(client_for(backend).completions.create(model=MODEL, prompt="P:", echo=True))

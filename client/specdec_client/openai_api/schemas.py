@@ -74,9 +74,13 @@ class _Request(BaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
     def ensemble_inputs(self) -> dict[str, Any]:
-        """Ensemble inputs this request sets (None: the server's default)."""
+        """Ensemble inputs this request sets (None: the server's default). OpenAI samples whenever the temperature
+        is above 0; the ensemble follows TensorRT-LLM (top_k and top_p both 0 or absent: greedy), so a sampled
+        request sends its top_p explicitly (1.0: no nucleus)."""
+        sampled = self.temperature != 0 and (self.temperature, self.top_p, self.top_k) != (None, None, None)
+        top_p = (self.top_p or 1.0) if sampled else self.top_p
         return {
-            "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed, "top_k": self.top_k,
+            "temperature": self.temperature, "top_p": top_p, "seed": self.seed, "top_k": self.top_k,
             "min_length": self.min_tokens,
             "num_draft_tokens": self.num_draft_tokens, "num_candidates": self.num_candidates,
             "acceptance": self.acceptance, "verify_threshold": self.verify_threshold, "task": self.task,
