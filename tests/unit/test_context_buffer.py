@@ -109,3 +109,30 @@ def test_forwards_through_the_buffer_equal_exact_gathers_bit_for_bit(tmp_path):
     assert kept._context_buffer.width == width
     step([0, 3, 2])  # past the width: a wider buffer
     assert kept._context_buffer.width == buffer_width(width + 1)
+
+
+def test_a_prompt_chunk_beside_decode_steps_runs_as_its_own_forward(tmp_path):
+    """Items of very different widths run as separate forwards (layout.group_by_width), with the logits one
+    forward of everything gives, bit for bit."""
+    from specdec.runtime.layout import group_by_width
+
+    runtime = CountingRuntime(TARGET, num_slots=4, max_length=128, num_threads=1, engine_dir=tmp_path)
+    rng = np.random.default_rng(5)
+    for slot in range(3):
+        runtime.forward([ForwardItem(slot, 0, rng.integers(3, runtime.vocab_size, 20))])
+    items = [ForwardItem(0, 20, rng.integers(3, runtime.vocab_size, 1)),
+             ForwardItem(3, 0, rng.integers(3, runtime.vocab_size, 30), num_logits=2),  # a prompt chunk
+             ForwardItem(1, 20, rng.integers(3, runtime.vocab_size, 5), num_logits=5),  # a verification
+             ForwardItem(2, 20, rng.integers(3, runtime.vocab_size, 1))]
+    assert group_by_width(items) == [[1], [0, 2, 3]]
+    forwards = []
+    batch = runtime._forward_batch
+    runtime._forward_batch = lambda part: forwards.append(len(part)) or batch(part)
+    got = runtime.forward(items)
+    assert sorted(forwards) == [1, 3]
+    for slot in range(4):
+        runtime.resize_rows(slot, 0 if slot == 3 else 20)
+    runtime._grow_for(items)
+    together = batch(items)  # all four in one padded forward
+    for g, w in zip(got, together, strict=True):
+        assert np.array_equal(g, w.logits)

@@ -22,7 +22,7 @@ from specdec.checkpoint import ModelSpec
 from specdec.runtime.base import DecoderRuntime, ForwardItem, ForwardOutput, make_pool
 from specdec.runtime.context_buffer import ContextBuffer, buffer_width
 from specdec.runtime.graph_contract import FEATURES, PAST_KEYS, PAST_VALUES
-from specdec.runtime.layout import plan_batch, split_for_limits
+from specdec.runtime.layout import group_by_width, plan_batch, split_for_limits
 
 NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
 
@@ -96,6 +96,13 @@ class SlottedGraphRuntime(DecoderRuntime):
     def forward_outputs(self, items: list[ForwardItem]) -> list[ForwardOutput]:
         if not items:
             return []
+        groups = group_by_width(items)
+        if len(groups) > 1:  # each group its own forward (logits do not depend on the batch: step_graph)
+            outputs: list[ForwardOutput | None] = [None] * len(items)
+            for group in groups:
+                for i, output in zip(group, self.forward_outputs([items[i] for i in group]), strict=True):
+                    outputs[i] = output
+            return outputs  # type: ignore[return-value]
         self._grow_for(items)
         fits = (self.max_batch is None or len(items) <= self.max_batch) and (
             self.max_step_tokens is None or max(it.num_tokens for it in items) <= self.max_step_tokens
