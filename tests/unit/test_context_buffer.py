@@ -109,6 +109,10 @@ def test_forwards_through_the_buffer_equal_exact_gathers_bit_for_bit(tmp_path):
     assert kept._context_buffer.width == width
     step([0, 3, 2])  # past the width: a wider buffer
     assert kept._context_buffer.width == buffer_width(width + 1)
+    for slot in (0, 3, 2):  # the wave ends: the buffer's memory goes back with its last sequence
+        assert kept._context_buffer is not None
+        kept.release(slot)
+    assert kept._context_buffer is None
 
 
 def test_a_prompt_chunk_beside_decode_steps_runs_as_its_own_forward(tmp_path):

@@ -185,6 +185,8 @@ class SlottedGraphRuntime(DecoderRuntime):
         super().release(slot)
         if self._context_buffer is not None:
             self._context_buffer.forget(slot)
+            if not any(column is not None for column in self._context_buffer.columns):
+                self._context_buffer = None  # its sequences have all ended: its memory goes back now
 
     def move_rows(self, slot: int, src_rows: np.ndarray, dst_start: int) -> None:
         src_rows = np.asarray(src_rows, dtype=np.int64)
