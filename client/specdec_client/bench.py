@@ -11,9 +11,9 @@ Per cell: req/s, tok/s, P50/P99 latency, P50/P99 time to first token, inter-toke
 ((latency - TTFT) / (tokens - 1), as genai-perf), alpha (accepted / proposed draft tokens, from the
 responses), tau (tokens per verification pass), mean k, and from the server's /metrics the per-call compute
 time of the draft and target models, from which c, v and the model bound tau / (k c + v) follow
-(DESIGN.md section 6). Memory: the draft model's process USS (what loading it costs) over the rest of the
-serving footprint (PSS of every server process when bench started the server, else of the reporting ones),
-and KV-cache bytes.
+(docs/BENCHMARKS.md, "What is measured"). Memory: the draft model's process USS (what loading it costs) over
+the rest of the serving footprint (PSS of every server process when bench started the server, else of the
+reporting ones), and KV-cache bytes.
 
 Writes results.json, results.md, speedup.png and throughput.png into --out; shows a progress bar.
 

@@ -1,7 +1,7 @@
 """Write the Grafana dashboard of specdec-triton (grafana/dashboards/specdec-triton.json) from the metric catalogue.
 
 Metric names come from `specdec.metrics` (ours) and Triton's own families, so a renamed metric cannot leave a
-stale panel behind: tests regenerate the JSON and compare. Three rows, as DESIGN.md section 5:
+stale panel behind: tests regenerate the JSON and compare. Three rows, the tiers of docs/OBSERVABILITY.md:
 tier 1 throughput / latency / errors, tier 2 acceptance / verification, tier 3 CPU / GPU load and memory.
 
     python docker/monitoring/dashboard.py [--check] [--schema]

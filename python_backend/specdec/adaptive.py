@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 EWMA_WEIGHT = 0.1
-# Priors (units: one single-token target step) until measurements exist: DESIGN.md §8 shape.
+# Priors (units: one single-token target step) until measurements exist: a forward's fixed cost plus a small
+# per-token cost, the shape measured for small models on CPUs (docs/SPECULATION.md).
 PRIOR_DRAFT_FIXED, PRIOR_DRAFT_PER_TOKEN = 0.05, 0.12
 PRIOR_TARGET_FIXED, PRIOR_TARGET_PER_TOKEN = 1.0, 0.04
 

@@ -1,6 +1,6 @@
 """Speculation profiles (YAML) and how a request's settings are resolved from a profile plus overrides.
 
-The YAML mirrors DESIGN.md §4:
+The YAML (model_repository/speculative_decoding/1/profiles.yaml; docs/SPECULATION.md):
 
     speculative_decoding:
       base_length: {json: 8, code: 6, text: [4, 12]}   # a range means adaptive
