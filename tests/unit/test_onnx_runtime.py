@@ -17,7 +17,7 @@ from specdec.inprocess import InProcessBackend  # noqa: E402
 from specdec.runtime import build_runtime  # noqa: E402
 from specdec.runtime.base import ForwardItem  # noqa: E402
 from specdec.runtime.graph_contract import ONNX_FILE  # noqa: E402
-from specdec.runtime.layout import plan_batch, split_for_limits  # noqa: E402
+from specdec.runtime.layout import key_rows, plan_batch, split_for_limits  # noqa: E402
 from specdec.runtime.onnx_llama import OnnxLlamaRuntime, resolve_onnx  # noqa: E402
 from specdec.runtime.torch_llama import TorchLlamaRuntime  # noqa: E402
 
@@ -114,7 +114,7 @@ def test_layout_mask_puts_new_tokens_at_their_rows(tiny_pair):
     items = [ForwardItem(0, 3, np.array([1, 2]), num_logits=2),
              ForwardItem(1, 1, np.array([4, 5, 6]), num_logits=1, tree_parents=np.array([-1, 0, 0]))]
     plan = plan_batch(items, max_length=16)
-    assert plan.key_rows() == 6  # item 0's first new row 3 + the padded width 3
+    assert key_rows(items) == 6  # item 0's first new row 3 + the padded width 3
     assert plan.new_rows().tolist() == [[3, 4, 5], [1, 2, 3]]  # item 0's padding token at row 5
     cache, wide = plan.cache_mask(), plan.cache_mask(8)
     assert cache.shape == (2, 3, 5) and wide.shape == (2, 3, 8)

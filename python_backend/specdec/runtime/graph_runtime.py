@@ -22,7 +22,7 @@ from specdec.checkpoint import ModelSpec
 from specdec.runtime.base import DecoderRuntime, ForwardItem, ForwardOutput, make_pool
 from specdec.runtime.context_buffer import ContextBuffer, buffer_width
 from specdec.runtime.graph_contract import FEATURES, PAST_KEYS, PAST_VALUES
-from specdec.runtime.layout import group_by_width, plan_batch, split_for_limits
+from specdec.runtime.layout import group_by_width, key_rows, plan_batch, split_for_limits
 
 NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
 
@@ -122,14 +122,13 @@ class SlottedGraphRuntime(DecoderRuntime):
                 for item_logits, item_hidden in zip(logits, hidden, strict=True)]
 
     def _forward_batch(self, items: list[ForwardItem]) -> list[ForwardOutput]:
-        key_rows = max(item.first_row for item in items) + max(item.num_tokens for item in items)  # plan.key_rows
-        order, key_rows, keys, values = self._past_context(items, key_rows)
+        order, rows, keys, values = self._past_context(items, key_rows(items))
         items = [items[i] for i in order]
         plan = plan_batch(items, self.max_length, self.spec.sliding_window, self.spec.eagle_feature_size)
         feeds = {
             "input_ids": self._index(plan.ids),
             "position_ids": self._index(plan.positions),
-            "attention_mask": self._mask(plan.cache_mask(key_rows)),
+            "attention_mask": self._mask(plan.cache_mask(rows)),
             "logit_rows": self._index(plan.logit_rows),
             "new_rows": self._index(plan.new_rows()),
         }
@@ -159,17 +158,17 @@ class SlottedGraphRuntime(DecoderRuntime):
         physical = self._index(self.kv.gather_rows(slots, rows).reshape(-1))
         return self._gather(self.k_cache, physical, len(slots)), self._gather(self.v_cache, physical, len(slots))
 
-    def _past_context(self, items: list[ForwardItem], key_rows: int) -> tuple[np.ndarray, int, Any, Any]:
+    def _past_context(self, items: list[ForwardItem], rows: int) -> tuple[np.ndarray, int, Any, Any]:
         """(the order to lay the items out in, the key rows the graph reads, keys, values): from the kept
         context buffer where it can serve the batch (specdec.runtime.context_buffer), else gathered now."""
         slots = [item.slot for item in items]
         buffer = self._context_buffer
         if self.keeps_context and len(items) >= 2:  # a lone sequence gathers little
-            columns = buffer.order_for(slots, key_rows) if buffer is not None else None
+            columns = buffer.order_for(slots, rows) if buffer is not None else None
             if columns is None and not (buffer is not None and buffer.is_subset(slots)):
                 self._context_buffer = buffer = None  # freed before the new one is gathered
                 self._context_buffer = buffer = ContextBuffer(list(slots), *self._gather_context(
-                    slots, buffer_width(key_rows)))
+                    slots, buffer_width(rows)))
                 columns = list(range(len(slots)))
             if columns is not None:
                 for column in sorted(buffer.stale):
@@ -178,8 +177,8 @@ class SlottedGraphRuntime(DecoderRuntime):
                     buffer.keys[:, :, column], buffer.values[:, :, column] = keys[:, :, 0], values[:, :, 0]
                 buffer.stale.clear()
                 return np.argsort(columns), buffer.width, buffer.keys, buffer.values
-        keys, values = self._gather_context(slots, key_rows)
-        return np.arange(len(items)), key_rows, keys, values
+        keys, values = self._gather_context(slots, rows)
+        return np.arange(len(items)), rows, keys, values
 
     def release(self, slot: int) -> None:
         super().release(slot)

@@ -4,7 +4,7 @@
 cache rows to write and the rows to return logits for), and the attention mask:
 
 `cache_mask(rows)`: keys are the slot's cache rows `0 .. rows-1`, the new tokens at their own rows: the torch
-runtime attends over its slots directly; exported graphs get `key_rows()` gathered cache rows (or more) and
+runtime attends over its slots directly; exported graphs get `key_rows(items)` gathered cache rows (or more) and
 write the new tokens' keys into them at `new_rows()`.
 
 With a sliding window (Mistral; specdec.families), both masks also hide every key whose RoPE position is
@@ -55,11 +55,6 @@ class BatchLayout:
     @property
     def width(self) -> int:
         return int(self.ids.shape[1])
-
-    def key_rows(self) -> int:
-        """Cache rows an exported graph reads: every item's first new row plus the padded width, so each item's
-        padding tokens have rows of their own past its valid ones."""
-        return max(1, int(self.first_row.max(initial=0)) + self.width)
 
     def new_rows(self) -> np.ndarray:
         """[B, W] int64 cache row of every new token (padding tokens: the rows after the item's last one)."""
@@ -170,6 +165,12 @@ def plan_batch(items: list[ForwardItem], max_length: int, sliding_window: int | 
         hidden_counts=as_i64([it.num_hidden for it in items]), features=features,
         context_positions=context_positions, sliding_window=sliding_window,
     )
+
+
+def key_rows(items: list[ForwardItem]) -> int:
+    """Cache rows an exported graph reads for `items`: every item's first new row plus the batch's padded width,
+    so each item's padding tokens have rows of their own past its valid ones."""
+    return max(1, max(item.first_row for item in items) + max(item.num_tokens for item in items))
 
 
 WIDTH_SLACK = 8  # new tokens an item may be padded by and still share a forward with wider items
