@@ -29,7 +29,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # (a deployment that drafts only with the EAGLE head, to save that process's memory) serves the head's.
 DECODERS = {"target_model": "target", "draft_model": "draft", "eagle_draft": "eagle"}
 OPTIONAL_DECODERS = ("draft_model", "eagle_draft")
-DECODER_INPUTS = {"target": c.DECODER_INPUTS, "draft": c.DRAFT_INPUTS, "eagle": c.EAGLE_INPUTS}
+DECODER_INPUTS = {"target": c.TARGET_INPUTS, "draft": c.DRAFT_INPUTS, "eagle": c.EAGLE_INPUTS}
 RUNTIME_KINDS = {"torch": ("KIND_CPU", "KIND_GPU"), "onnxruntime": ("KIND_CPU",), "tensorrt": ("KIND_GPU",)}
 HEADER = "# Rendered by build/render_configs.py from {source}; edit that file, not this one.\n"
 
@@ -96,7 +96,7 @@ def decoder_config(name: str, role: str, dep: dict) -> mc.ModelConfig:
     if instance_kind not in RUNTIME_KINDS.get(runtime, ()):
         raise ValueError(f"{name}: runtime {runtime!r} cannot run on {instance_kind} (runtimes: {RUNTIME_KINDS})")
     num_slots = int(model.get("num_slots", kv["num_slots"]))  # KV slots per instance = max batch
-    cfg = _base(name, num_slots, DECODER_INPUTS[role], c.DECODER_OUTPUTS if role == "target" else c.DRAFT_OUTPUTS,
+    cfg = _base(name, num_slots, DECODER_INPUTS[role], c.TARGET_OUTPUTS if role == "target" else c.DRAFT_OUTPUTS,
                 model)
     seq = cfg.sequence_batching
     # Generous: the speculative loop never idles; our own slot timeout frees abandoned slots.
@@ -130,6 +130,12 @@ def decoder_config(name: str, role: str, dep: dict) -> mc.ModelConfig:
     return cfg
 
 
+def single_instance(model: dict) -> bool:
+    """Whether a decoder's instance_group makes one instance (KIND_GPU without `gpus` makes one per GPU)."""
+    return int(model.get("instances", 1)) == 1 and (model.get("kind", "KIND_CPU") == "KIND_CPU"
+                                                   or len(model.get("gpus", [])) == 1)
+
+
 def speculative_config(dep: dict) -> mc.ModelConfig:
     model = dep["models"]["speculative_decoding"]
     cfg = _base("speculative_decoding", 64, c.GENERATION_INPUTS, c.GENERATION_OUTPUTS, model)
@@ -147,6 +153,9 @@ def speculative_config(dep: dict) -> mc.ModelConfig:
         max_draft_tokens=limits["max_draft_tokens"],
         max_candidates=limits["max_candidates"],
         profiles_file=dep["speculation"]["profiles_file"],
+        # A wave of target steps goes as one request (specdec.packing) where one target instance holds every
+        # sequence's cache: the sequence batcher routes the request by one sequence's id.
+        pack_target_waves=str(single_instance(dep["models"]["target_model"])).lower(),
         # request_defaults (optional): what a request that leaves a field out gets (docs/OPENAI.md).
         default_exclude_input_in_output=str(bool(
             (dep.get("request_defaults") or {}).get("exclude_input_in_output", False))).lower(),

@@ -3,10 +3,10 @@
 Closed-loop load (each of `concurrency` workers sends its next request when the last one finished) of the
 held-out chat requests (`prompts/bench_chat.json`) through gRPC, plain (num_draft_tokens 0) and speculative
 (the task profiles) cells interleaved, greedy or sampled. Per cell it prints output tokens/s, P50/P99
-latency, and from Triton's metrics, per decoder model: executions, the mean batch per execution
-(`nv_inference_request_success` / `nv_inference_exec_count`), the distribution of batch sizes
-(`specdec_decoder_executions_total`), the batch-weighted compute time of an execution and the mean time a
-step waited in the queue; and from speculative_decoding, the time of one sequence's iteration in each phase
+latency, and from the metrics, per decoder model: executions, the mean batch per execution
+(`specdec_decoder_steps_total` / `specdec_decoder_executions_total`: a packed request carries a wave of steps),
+the distribution of batch sizes, the request-weighted compute time of an execution and the mean time a request
+waited in Triton's queue; and from speculative_decoding, the time of one sequence's iteration in each phase
 (`specdec_generation_seconds_total` / `specdec_target_calls_total`).
 
     load-profile --start-server --concurrency 1,4,16,64 --modes plain,speculative --sampling greedy,t0.7
@@ -37,6 +37,7 @@ from specdec_client.server import DEFAULT_MODEL_REPOSITORY, start_on_free_ports
 CHAT_PROMPTS = Path(__file__).resolve().parent / "prompts" / "bench_chat.json"
 DECODERS = ("target_model", "eagle_draft", "draft_model")
 BATCH_METRIC = "specdec_decoder_executions_total"
+STEPS_METRIC = "specdec_decoder_steps_total"
 PHASE_METRIC = "specdec_generation_seconds_total"
 # top_p sent explicitly: at the ensemble (TensorRT-LLM's semantics) top_k and top_p both 0 or absent mean greedy.
 SAMPLINGS = {"greedy": {"temperature": 0.0}, "t0.7": {"temperature": 0.7, "top_p": 0.95},
@@ -87,18 +88,20 @@ def batch_distribution(delta: Scrape, model: str) -> dict[str, float]:
 def decoder_figures(delta: Scrape) -> dict[str, dict[str, Any]]:
     figures = {}
     for model in DECODERS:
-        executions = delta.total("nv_inference_exec_count", model=model)
-        steps = delta.total("nv_inference_request_success", model=model)
+        executions = delta.total(BATCH_METRIC, model=model)
+        steps = delta.total(STEPS_METRIC, model=model)  # a packed request carries a wave of steps
+        requests = delta.total("nv_inference_request_success", model=model)
         if not executions:
             continue
         figures[model] = {
-            "executions": int(executions), "steps": int(steps), "mean_batch": round(steps / executions, 2),
-            # Triton credits every request of a batch with the batch's compute time: per step, this is the
-            # batch-weighted mean duration of an execution.
+            "executions": int(executions), "steps": int(steps), "requests": int(requests),
+            "mean_batch": round(steps / executions, 2),
+            # Triton credits every request of a batch with the batch's compute time: per request, this is the
+            # request-weighted mean duration of an execution.
             "compute_ms_per_execution": round(delta.total("nv_inference_compute_infer_duration_us", model=model)
-                                              / max(steps, 1) / 1e3, 2),
-            "queue_ms_per_step": round(delta.total("nv_inference_queue_duration_us", model=model)
-                                       / max(steps, 1) / 1e3, 2),
+                                              / max(requests, 1) / 1e3, 2),
+            "queue_ms_per_request": round(delta.total("nv_inference_queue_duration_us", model=model)
+                                          / max(requests, 1) / 1e3, 2),
             "batch_sizes": batch_distribution(delta, model),
         }
     return figures
@@ -152,14 +155,14 @@ def run_cell(url: str, metrics_url: str | None, prompts: list[dict[str, Any]], m
 
 def report(cells: list[Cell]) -> str:
     lines = ["| mode | sampling | concurrency | requests | tok/s | P50 s | P99 s | target mean batch | target ms/exec "
-             "| target queue ms/step | drafter mean batch |", "|" + " --- |" * 11]
+             "| target queue ms/request | drafter mean batch |", "|" + " --- |" * 11]
     for cell in cells:
         s = cell.summary()
         target = s["decoders"].get("target_model", {})
         drafter = s["decoders"].get("eagle_draft") or s["decoders"].get("draft_model") or {}
         lines.append(f"| {s['mode']} | {s['sampling']} | {s['concurrency']} | {s['requests']} | {s['tok_per_s']} "
                      f"| {s['p50_latency_s']} | {s['p99_latency_s']} | {target.get('mean_batch', '-')} "
-                     f"| {target.get('compute_ms_per_execution', '-')} | {target.get('queue_ms_per_step', '-')} "
+                     f"| {target.get('compute_ms_per_execution', '-')} | {target.get('queue_ms_per_request', '-')} "
                      f"| {drafter.get('mean_batch', '-')} |")
     lines += ["", "Batch sizes of target_model executions (share of executions):", ""]
     for cell in cells:

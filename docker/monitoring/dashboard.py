@@ -198,6 +198,11 @@ def dashboard() -> dict[str, Any]:
                        "sequence steps they served (the bucket's upper bound): how well concurrent sequences batch.",
                        [(f"sum by (model, batch_size) (rate({m.DECODER_BATCHES.name}{{{SERVER}}}[{WINDOW}]))",
                          "{{model}} <= {{batch_size}}")], "short", min=0), w=12)
+    lay.add(timeseries("Decoder mean batch", "Sequence steps per execution of each decoder (a packed request "
+                       "carries a wave of steps, so Triton's own request counts undercount them).",
+                       [(f"sum by (model) (rate({m.DECODER_STEPS.name}{{{SERVER}}}[{WINDOW}])) / sum by (model) "
+                         f"(rate({m.DECODER_BATCHES.name}{{{SERVER}}}[{WINDOW}]))", "{{model}}")], "short", min=0),
+            w=12)
 
     lay.row("Tier 3 · resources: CPU, GPU, memory")
     lay.add(timeseries("CPU utilisation (Triton)", "nv_cpu_utilization: the host's CPU load as Triton sees it.",

@@ -53,6 +53,10 @@ DEFAULT_PREFILL_CHUNK = 256  # prompt tokens per prefill call (0: the whole prom
 class ModelBackend(Protocol):
     async def target_step(self, request: StepRequest) -> StepResult: ...
 
+    async def target_steps(self, requests: list[StepRequest]) -> list[StepResult]:
+        """A wave of steps of different sequences, served together where the backend can."""
+        ...
+
     async def draft_step(self, request: StepRequest) -> StepResult: ...
 
     async def eagle_step(self, request: StepRequest) -> StepResult: ...
@@ -158,7 +162,8 @@ class SpeculativeGenerator:
         self._clock = clock
         self.sequences = 0  # generating now (the load a dynamic tree's max_sequences reads)
         # The target calls of concurrent sequences go out in waves, so one decoder execution serves them all.
-        self.waves = WaveGate(lambda: self.sequences)
+        self.waves: WaveGate[StepRequest, StepResult] = WaveGate(lambda: self.sequences, backend.target_steps,
+                                                                 clock=clock)
 
     def validate(self, request: GenerationRequest) -> None:
         if not request.prompt_ids:
@@ -471,12 +476,8 @@ class _Run:
 
     async def _target(self, step: StepRequest, scored: int) -> StepResult:
         started = self.gen._clock()
-        await self.gen.waves.enter()
-        called = self.gen._clock()
-        try:
-            result = _checked(await self.backend.target_step(step), "target_model")
-        finally:
-            self.gen.waves.leave()
+        result, called = await self.gen.waves.call(step)
+        result = _checked(result, "target_model")
         self.stats.target_calls += 1
         elapsed = self.gen._clock() - called
         self.stats.add_time("wait", called - started)

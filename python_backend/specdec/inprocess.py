@@ -24,6 +24,9 @@ class InProcessBackend:
     async def target_step(self, request: StepRequest) -> StepResult:
         return self.target.step([request])[0]
 
+    async def target_steps(self, requests: list[StepRequest]) -> list[StepResult]:
+        return [await self.target_step(request) for request in requests]  # each alone, as target_step
+
     async def draft_step(self, request: StepRequest) -> StepResult:
         if self.draft is None:
             raise RuntimeError("no draft model is loaded")
@@ -50,6 +53,10 @@ class _Batcher:
         if self._worker is None:
             self._worker = asyncio.create_task(self._serve())
         return await done
+
+    async def submit_all(self, requests: list[StepRequest]) -> list[StepResult]:
+        """Several steps queued at once: served in one engine step."""
+        return list(await asyncio.gather(*(self.submit(request) for request in requests)))
 
     async def _serve(self) -> None:
         while self._pending:
@@ -80,6 +87,9 @@ class BatchingBackend:
 
     async def target_step(self, request: StepRequest) -> StepResult:
         return await self._target.submit(request)
+
+    async def target_steps(self, requests: list[StepRequest]) -> list[StepResult]:
+        return await self._target.submit_all(requests)
 
     async def draft_step(self, request: StepRequest) -> StepResult:
         if self._draft is None:

@@ -134,6 +134,9 @@ GENERATION_SECONDS = MetricSpec("specdec_generation_seconds_total", "counter",
 DECODER_BATCHES = MetricSpec("specdec_decoder_executions_total", "counter",
                              "Decoder executions by the number of sequence steps they served (batch_size: the "
                              "bucket's upper bound, 1, 2, 4, 8, 16, 32, 64).", (MODEL, BATCH_SIZE))
+DECODER_STEPS = MetricSpec("specdec_decoder_steps_total", "counter",
+                           "Sequence steps decoder executions served (a packed request carries several): divided by "
+                           "the executions of specdec_decoder_executions_total, the mean batch.", (MODEL,))
 
 # ---- tier 3: resources (reported by every model process that wires them) ----
 KV_SLOTS_IN_USE = MetricSpec("specdec_kv_slots_in_use", "gauge", "KV-cache slots held by live sequences.", _PROC)
@@ -157,7 +160,8 @@ ALL_METRICS = (
     REQUESTS, OUTPUT_TOKENS, DRAFT_TOKENS, ACCEPTED_DRAFT_TOKENS, LOOKUP_DRAFT_TOKENS, LOOKUP_ACCEPTED_TOKENS,
     ACCEPTED_BY_POSITION, VERIFICATION_PASSES, TARGET_CALLS, DRAFT_CALLS, DRAFTER_REQUESTS, ERRORS, TTFT, ITL,
     DURATION, ACCEPTANCE_RATE, MEAN_ACCEPTED_LENGTH,
-    SPECULATION_LENGTH, FALLBACK_ACTIVE, ACTIVE_REQUESTS, GENERATION_SECONDS, DECODER_BATCHES, KV_SLOTS_IN_USE,
+    SPECULATION_LENGTH, FALLBACK_ACTIVE, ACTIVE_REQUESTS, GENERATION_SECONDS, DECODER_BATCHES, DECODER_STEPS,
+    KV_SLOTS_IN_USE,
     KV_SLOTS, KV_CACHE_BYTES, KV_BLOCKS, KV_BLOCKS_IN_USE, KV_BYTES_IN_USE,
     RESIDENT_MEMORY, PROPORTIONAL_MEMORY, UNIQUE_MEMORY,
 )
@@ -412,10 +416,12 @@ class BatchCounter:
     def __init__(self) -> None:
         self.counts: collections.Counter[int] = collections.Counter()
         self._published: collections.Counter[int] = collections.Counter()
+        self.steps = self._published_steps = 0
 
     def count(self, steps: int) -> None:
         if steps > 0:
             self.counts[batch_size_bucket(steps)] += 1
+            self.steps += steps
 
     def publish(self, sink: MetricSink, model: str) -> None:
         for bound, total in list(self.counts.items()):
@@ -423,6 +429,10 @@ class BatchCounter:
             if new > 0:
                 sink.increment(DECODER_BATCHES, {MODEL: model, BATCH_SIZE: str(bound)}, new)
                 self._published[bound] = total
+        steps = self.steps
+        if steps > self._published_steps:
+            sink.increment(DECODER_STEPS, {MODEL: model}, steps - self._published_steps)
+            self._published_steps = steps
 
 
 class ProcessMetrics:

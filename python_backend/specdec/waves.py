@@ -1,11 +1,12 @@
-"""Waves: the target calls of concurrent sequences released together, so that one decoder execution serves them.
+"""Waves: the target calls of concurrent sequences gathered and sent as one call, so one decoder execution
+serves them.
 
-Triton's sequence batcher forms the next batch while the decoder instance still runs the current one (its
-dynamic batcher prefetches one payload), so sequences whose steps come back a few milliseconds apart settle into
-alternating small batches: 16 sequences reached the target in batches of 5.9 on average. `WaveGate` holds a
-sequence's target call while a wave of calls is in flight; once the wave is done it releases every waiting call
-at once, when all generating sequences are waiting, or when no new call has come for `gap_s`, or at the latest
-`max_wait_s` after the wave ended. A lone sequence never waits.
+Sent one by one, concurrent sequences' steps reach Triton's sequence batcher a few milliseconds apart, and it
+forms the next batch while the decoder instance still runs the current one (its dynamic batcher prefetches one
+payload): 16 sequences reached the target in batches of 5.9 on average. `WaveGate` holds a sequence's call while
+a wave is in flight; once the wave is done it sends every waiting call together, as one `send` (the backend
+packs them into one request, specdec.packing), when all generating sequences are waiting, or when no new call
+has come for `gap_s`, or at the latest `max_wait_s` after the wave ended. A lone sequence never waits.
 
 Only timing changes: which tokens a sequence generates does not depend on the waves (greedy output equals plain
 decoding's, a seeded sampled request gives the same text on any load).
@@ -15,54 +16,54 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
 
-WAVE_GAP_S = 0.003  # release the waiting calls when no other call came this long after the last one
+WAVE_GAP_S = 0.003  # send the waiting calls when no other call came this long after the last one
 WAVE_MAX_WAIT_S = 0.02  # ... and at the latest this long after the wave in flight ended
 
+Call = TypeVar("Call")
+Result = TypeVar("Result")
 
-class WaveGate:
+
+class WaveGate(Generic[Call, Result]):
     """Gathers the calls of concurrent sequences into waves (see the module docstring).
 
-    `generating` counts the sequences that may still call in this wave (the generator's live sequences); call
-    `changed()` when it drops, so a wave waiting for a sequence that just ended is released."""
+    `send` serves a wave: the results of its calls, in order. `generating` counts the sequences that may still
+    call in this wave (the generator's live sequences); call `changed()` when it drops, so a wave waiting for a
+    sequence that just ended goes at once."""
 
-    def __init__(self, generating: Callable[[], int], gap_s: float = WAVE_GAP_S,
-                 max_wait_s: float = WAVE_MAX_WAIT_S, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, generating: Callable[[], int], send: Callable[[list[Call]], Awaitable[list[Result]]],
+                 gap_s: float = WAVE_GAP_S, max_wait_s: float = WAVE_MAX_WAIT_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.generating = generating
+        self.send = send
         self.gap_s, self.max_wait_s = gap_s, max_wait_s
         self._clock = clock
-        self._waiting: list[asyncio.Future[None]] = []
-        self._in_flight = 0
+        self._waiting: list[tuple[Call, asyncio.Future[tuple[Result, float]]]] = []
+        self._in_flight = False
         self._idle_since = clock()  # when the last wave ended
         self._timer: asyncio.TimerHandle | None = None
+        self._wave_task: asyncio.Task[None] | None = None
 
     @property
-    def in_flight(self) -> int:
+    def in_flight(self) -> bool:
         return self._in_flight
 
-    async def enter(self) -> None:
-        """Wait for this call's wave; every `enter` that returns must be paired with a `leave`."""
-        if not self._in_flight and not self._waiting and self.generating() <= 1:
-            self._in_flight += 1
-            return
-        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append(turn)
-        self._schedule()
+    async def call(self, item: Call) -> tuple[Result, float]:
+        """`item`'s result once its wave has been served, and when (`clock`) the wave was sent. A caller
+        cancelled while its wave is in flight leaves the wave to finish (its result is dropped)."""
+        done: asyncio.Future[tuple[Result, float]] = asyncio.get_running_loop().create_future()
+        self._waiting.append((item, done))
+        if not self._in_flight and len(self._waiting) == 1 and self.generating() <= 1:
+            self._release()  # alone: at once
+        else:
+            self._schedule()
         try:
-            await turn
+            return await done
         except asyncio.CancelledError:
-            if turn in self._waiting:
-                self._waiting.remove(turn)
-            elif turn.done() and not turn.cancelled():
-                self.leave()  # released together with its wave, then cancelled: give its place back
+            self._waiting = [(other, future) for other, future in self._waiting if future is not done]
             raise
-
-    def leave(self) -> None:
-        self._in_flight -= 1
-        if not self._in_flight:
-            self._idle_since = self._clock()
-        self._schedule()
 
     def changed(self) -> None:
         """The number of generating sequences changed."""
@@ -83,9 +84,27 @@ class WaveGate:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._in_flight:
+        wave, self._waiting = [(item, done) for item, done in self._waiting if not done.done()], []
+        if self._in_flight or not wave:
+            self._waiting = wave
             return
-        wave, self._waiting = [turn for turn in self._waiting if not turn.done()], []
-        self._in_flight += len(wave)
-        for turn in wave:
-            turn.set_result(None)
+        self._in_flight = True
+        self._wave_task = asyncio.ensure_future(self._serve(wave))
+
+    async def _serve(self, wave: list[tuple[Call, asyncio.Future[tuple[Result, float]]]]) -> None:
+        sent_at = self._clock()
+        try:
+            results = await self.send([item for item, _ in wave])
+            for (_, done), result in zip(wave, results, strict=True):
+                if not done.done():
+                    done.set_result((result, sent_at))
+        except BaseException as exc:  # the whole wave failed: each caller gets the error
+            for _, done in wave:
+                if not done.done():
+                    done.set_exception(exc if isinstance(exc, Exception) else RuntimeError(str(exc)))
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self._in_flight = False
+            self._idle_since = self._clock()
+            self._schedule()

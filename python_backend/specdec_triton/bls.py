@@ -1,4 +1,5 @@
-"""ModelBackend over Triton BLS: each step is one async inference request to target_model / draft_model.
+"""ModelBackend over Triton BLS: each step is one async inference request to target_model / draft_model, or
+with `pack_waves` a wave of target steps is one request (specdec.packing).
 
 The sequence id travels as the request's correlation id and START/END as sequence flags, so Triton's
 sequence batcher routes every step of a sequence to the instance that holds its KV slot.
@@ -6,26 +7,76 @@ sequence batcher routes every step of a sequence to the instance that holds its 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from specdec.engines import StepRequest, StepResult
 from specdec.errors import SpecDecError
+from specdec.packing import PackedResults, pack_steps, packable, unpack_results
 
-from specdec_triton.contract import MODEL_NAMES
+from specdec_triton.contract import MODEL_NAMES, PACKED_STEPS
 from specdec_triton.tensors import ids_tensor, value_tensor
 
 
 class BlsModelBackend:
+    """`pack_waves`: a wave's target steps that can (specdec.packing.packable) go as one request."""
+
     def __init__(self, target_model: str = MODEL_NAMES["target"], draft_model: str = MODEL_NAMES["draft"],
-                 eagle_model: str = MODEL_NAMES["eagle"]) -> None:
+                 eagle_model: str = MODEL_NAMES["eagle"], pack_waves: bool = False) -> None:
         self.target_model = target_model
         self.draft_model = draft_model
         self.eagle_model = eagle_model
+        self.pack_waves = pack_waves
 
     async def target_step(self, request: StepRequest) -> StepResult:
         return await self._call(self.target_model, request)
+
+    async def target_steps(self, requests: list[StepRequest]) -> list[StepResult]:
+        packed = [i for i, step in enumerate(requests) if packable(step)] if self.pack_waves else []
+        if len(packed) < 2:
+            packed = []
+        alone = sorted(set(range(len(requests))) - set(packed))
+        outcomes = await asyncio.gather(self._call_packed([requests[i] for i in packed]),
+                                        *(self._call(self.target_model, requests[i]) for i in alone))
+        results: list[StepResult] = [StepResult()] * len(requests)
+        for i, result in zip(packed + alone, outcomes[0] + list(outcomes[1:]), strict=True):
+            results[i] = result
+        return results
+
+    async def _call_packed(self, steps: list[StepRequest]) -> list[StepResult]:
+        """One request for the steps of several sequences, sent under the first one's sequence id."""
+        if not steps:
+            return []
+        packed = pack_steps(steps)
+        inputs = [pb_utils.Tensor(PACKED_STEPS.name, packed.table[None]), ids_tensor("input_ids", packed.input_ids)]
+        if len(packed.tree_parents):
+            inputs.append(ids_tensor("tree_parents", packed.tree_parents))
+        if len(packed.commit_rows):
+            inputs.append(ids_tensor("commit_rows", packed.commit_rows))
+        outputs = ["token_ids", "step_errors"]
+        if any(step.want_logits for step in steps):
+            outputs.append("logits")
+        if any(step.num_hidden for step in steps):
+            outputs.append("hidden_states")
+        request = pb_utils.InferenceRequest(model_name=self.target_model, inputs=inputs,
+                                            requested_output_names=outputs, correlation_id=steps[0].sequence_id)
+        response: Any = await request.async_exec()
+        if response.has_error():
+            error = SpecDecError(response.error().message())
+            return [StepResult(error=error) for _ in steps]
+
+        def output(name: str) -> np.ndarray | None:
+            tensor = pb_utils.get_output_tensor_by_name(response, name)
+            return None if tensor is None else tensor.as_numpy()[0]
+
+        errors = output("step_errors")
+        logits, hidden = output("logits"), output("hidden_states")
+        return unpack_results(steps, PackedResults(
+            output("token_ids").astype(np.int64), logits, hidden,
+            [error.decode() if isinstance(error, bytes) else str(error) for error in errors],
+        ))
 
     async def draft_step(self, request: StepRequest) -> StepResult:
         return await self._call(self.draft_model, request)

@@ -93,7 +93,7 @@ POSTPROCESSING_OUTPUTS = PUBLIC_OUTPUTS
 # ---- BLS contract of target_model and draft_model (sequence-batched, one KV slot per sequence) ----
 DECODER_INPUTS = (
     TensorSpec("input_ids", "INT32", (-1,), ragged=True),
-    TensorSpec("past_length", "INT32"),
+    TensorSpec("past_length", "INT32", optional=True),  # 0 when absent
     TensorSpec("num_logits", "INT32", optional=True),
     TensorSpec("tree_parents", "INT32", (-1,), optional=True, ragged=True),
     TensorSpec("commit_base", "INT32", optional=True),
@@ -121,6 +121,12 @@ EAGLE_INPUTS = (*DRAFT_INPUTS, TensorSpec("features", "FP32", (-1,), optional=Tr
 DECODER_OUTPUTS = (TensorSpec("token_ids", "INT32", (-1,)), TensorSpec("logits", "FP32", (-1, -1)),
                    TensorSpec("hidden_states", "FP32", (-1, -1)))
 DRAFT_OUTPUTS = (*DECODER_OUTPUTS, TensorSpec("draft_parents", "INT32", (-1,)))  # a dynamic tree's parents
+# target_model also takes a wave of steps of several sequences in one request (specdec.packing): `steps` is the
+# step table [steps, len(STEP_COLUMNS)], input_ids / tree_parents / commit_rows the steps' values concatenated;
+# the outputs come back concatenated in step order, with step_errors ("" or the message) per step.
+PACKED_STEPS = TensorSpec("steps", "INT64", (-1, -1), optional=True, ragged=True)
+TARGET_INPUTS = (*DECODER_INPUTS, PACKED_STEPS)
+TARGET_OUTPUTS = (*DECODER_OUTPUTS, TensorSpec("step_errors", "STRING", (-1,)))
 
 # Sequence-batcher control tensors delivered to target_model / draft_model.
 CONTROL_START = "START"

@@ -1,8 +1,9 @@
 """The Triton adapter of `target_model`, `draft_model` and `eagle_draft`: tensors in, engine step, tensors out.
 
 Both are sequence-batched Python models: Triton delivers START/END/CORRID controls and groups steps of
-different sequences into one execute(), which the engine serves with one padded forward. The KV pool's size
-comes from the deployment's budget for the pair (`kv_pool`, specdec.kv_memory.KVPoolConfig).
+different sequences into one execute(), which the engine serves with one padded forward. target_model also
+takes a packed request carrying a wave of steps of several sequences (specdec.packing). The KV pool's size comes
+from the deployment's budget for the pair (`kv_pool`, specdec.kv_memory.KVPoolConfig).
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from specdec.engines import DraftEngine, StepRequest, StepResult, TargetEngine
 from specdec.errors import InvalidRequestError
 from specdec.kv_memory import KVPoolConfig
 from specdec.metrics import KV_BLOCKS_IN_USE, KV_BYTES_IN_USE, KV_SLOTS_IN_USE, BatchCounter, ProcessMetrics
+from specdec.packing import PackedSteps, pack_results, unpack_steps
 from specdec.runtime import build_runtime, check_weight_quantization
 from specdec.sampling import SamplingParams
 
 from specdec_triton import contract as c
+from specdec_triton.contract import PACKED_STEPS
 from specdec_triton.metrics import TritonMetricSink
 from specdec_triton.tensors import (
     check_token_ids,
@@ -66,6 +69,27 @@ def read_step(request: Any) -> StepRequest:
     )
 
 
+def read_packed_steps(request: Any, table: np.ndarray) -> list[StepRequest]:
+    """The steps of a packed wave (specdec.packing): the step table and the steps' values concatenated."""
+    def values(name: str) -> np.ndarray:
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        return np.zeros(0, np.int64) if tensor is None else tensor.as_numpy().reshape(-1).astype(np.int64)
+
+    return unpack_steps(PackedSteps(table.reshape(-1, table.shape[-1]) if table.ndim >= 2 else table,
+                                    values("input_ids"), values("tree_parents"), values("commit_rows")))
+
+
+def write_packed_results(steps: list[StepRequest], results: list[StepResult]) -> Any:
+    packed = pack_results(steps, results)
+    outputs = [ids_tensor("token_ids", packed.token_ids),
+               pb_utils.Tensor("step_errors", np.array([[error.encode() for error in packed.errors]], dtype=object))]
+    if packed.logits is not None:
+        outputs.append(pb_utils.Tensor("logits", packed.logits.astype(np.float32)[None]))
+    if packed.hidden is not None:
+        outputs.append(pb_utils.Tensor("hidden_states", packed.hidden.astype(np.float32)[None]))
+    return pb_utils.InferenceResponse(output_tensors=outputs)
+
+
 def write_result(result: StepResult) -> Any:
     if result.error is not None:
         return error_response(result.error)
@@ -111,14 +135,18 @@ class DecoderModel:
                                       kv_blocks=runtime.kv.num_blocks, batches=self.batches)
 
     def execute(self, requests: list) -> list:
+        """Every step of every request (a packed request carries a wave of them) in one engine step."""
         responses: list[Any] = [None] * len(requests)
-        steps, positions = [], []
+        steps: list[StepRequest] = []
+        served: list[tuple[int, slice, bool]] = []  # (request, its steps, packed)
         for i, request in enumerate(requests):
             try:
-                step = read_step(request)
-                check_token_ids(step.input_ids, self.engine.runtime.vocab_size)
-                steps.append(step)
-                positions.append(i)
+                table = pb_utils.get_input_tensor_by_name(request, PACKED_STEPS.name)
+                own = [read_step(request)] if table is None else read_packed_steps(request, table.as_numpy())
+                for step in own:
+                    check_token_ids(step.input_ids, self.engine.runtime.vocab_size)
+                served.append((i, slice(len(steps), len(steps) + len(own)), table is not None))
+                steps += own
             except Exception as exc:  # malformed call: answer it, serve the others
                 responses[i] = error_response(exc)
         self.batches.count(sum(1 for step in steps if len(step.input_ids)))  # forwards, not bare END calls
@@ -126,11 +154,11 @@ class DecoderModel:
             results = self.engine.step(steps)
         except Exception as exc:
             pb_utils.Logger.log_error(f"forward failed: {exc}")
-            for i in positions:
+            for i, _, _ in served:
                 responses[i] = error_response(exc)
             return responses
-        for i, result in zip(positions, results, strict=True):
-            responses[i] = write_result(result)
+        for i, own, packed in served:
+            responses[i] = write_packed_results(steps[own], results[own]) if packed else write_result(results[own][0])
         return responses
 
     def finalize(self) -> None:

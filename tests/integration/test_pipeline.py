@@ -89,7 +89,7 @@ def test_http_generate_returns_one_response_with_stats(server):
 @pytest.mark.parametrize("draft", [5, None], ids=["k5", "profile"])
 def test_concurrent_streams_match_sequential(server, all_prompts, plain_outputs, draft):
     """16 streams at once (the profile's drafter, or a fixed k) each give their single-stream plain answer, and the
-    target serves several of them in one execution (waves, specdec.waves)."""
+    target serves several of them in one execution, as one packed request (specdec.waves, specdec.packing)."""
     prompts = [p for _, p in all_prompts[:16]]
     assert len(prompts) == 16
 
@@ -109,8 +109,12 @@ def test_concurrent_streams_match_sequential(server, all_prompts, plain_outputs,
         return sum(value for labels, value in delta if int(labels["batch_size"]) >= 8)
 
     # The decoders publish their execution counts once a second.
-    assert executions_of_five_or_more(wait_for(server.metrics_url, lambda now: executions_of_five_or_more(now) > 0,
-                                               timeout_s=10.0)) > 0
+    after = wait_for(server.metrics_url, lambda now: executions_of_five_or_more(now) > 0, timeout_s=10.0)
+    assert executions_of_five_or_more(after) > 0
+    # A wave's steps travel as one request (specdec.packing): far fewer requests reached target_model than steps.
+    steps = (after - before).total("specdec_decoder_steps_total", model="target_model")
+    requests_served = (after - before).total("nv_inference_request_success", model="target_model")
+    assert requests_served < steps / 3, (requests_served, steps)
 
 
 def grpc_error(server, inputs: list[grpcclient.InferInput]) -> str:

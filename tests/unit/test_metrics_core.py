@@ -243,6 +243,7 @@ def test_batch_counter_buckets_executions_and_publishes_only_new_counts():
     counter.publish(sink, "target_model")
     by_bucket = {bound: sink.total(m.DECODER_BATCHES, batch_size=str(bound)) for bound in (1, 2, 4, 16)}
     assert by_bucket == {1: 2, 2: 1, 4: 1, 16: 1}
+    assert sink.total(m.DECODER_STEPS, model="target_model") == 1 + 1 + 3 + 16 + 2
 
 
 def test_phase_seconds_are_recorded_per_request():

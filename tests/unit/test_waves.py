@@ -13,25 +13,29 @@ from specdec.runtime.torch_llama import TorchLlamaRuntime
 from specdec.waves import WaveGate
 
 
-def run_sequences(gate: WaveGate, count: int, iterations: int, live: list[int], think_s=lambda i: 0.0005,
-                  call_s: float = 0.004) -> list[set[int]]:
-    """`count` sequences each make `iterations` calls through `gate` (a call takes `call_s`; between calls a
-    sequence thinks `think_s(i)`); returns the sets of sequences whose calls overlapped (the waves)."""
-    waves: list[set[int]] = []
-    current: set[int] = set()
+def recording_gate(generating, waves: list[list[int]], call_s: float = 0.004, **timing) -> WaveGate[int, int]:
+    """A gate whose `send` records each wave (its callers' ids), takes `call_s`, and answers each id doubled."""
+
+    async def send(items: list[int]) -> list[int]:
+        waves.append(list(items))
+        await asyncio.sleep(call_s)
+        return [2 * item for item in items]
+
+    return WaveGate(generating, send, **timing)
+
+
+def run_sequences(count: int, iterations: int, think_s=lambda i: 0.0005, **timing) -> list[set[int]]:
+    """`count` sequences each make `iterations` calls through a gate (between calls a sequence thinks
+    `think_s(i)`); returns the waves, as sets of the sequences in each."""
+    live = [count]
+    waves: list[list[int]] = []
+    gate = recording_gate(lambda: live[0], waves, **timing)
 
     async def sequence(i: int) -> None:
-        nonlocal current
         try:
             for _ in range(iterations):
-                await gate.enter()
-                if not current:
-                    waves.append(current)
-                current.add(i)
-                await asyncio.sleep(call_s)
-                gate.leave()
-                if not gate.in_flight:
-                    current = set()
+                result, _sent_at = await gate.call(i)
+                assert result == 2 * i
                 await asyncio.sleep(think_s(i))
         finally:
             live[0] -= 1
@@ -41,29 +45,23 @@ def run_sequences(gate: WaveGate, count: int, iterations: int, live: list[int], 
         await asyncio.gather(*(sequence(i) for i in range(count)))
 
     asyncio.run(main())
-    return waves
+    return [set(wave) for wave in waves]
 
 
 def test_concurrent_calls_go_out_in_whole_waves():
-    live = [8]
     rng = random.Random(3)
-    gate = WaveGate(lambda: live[0], gap_s=0.01, max_wait_s=0.05)
-    waves = run_sequences(gate, 8, 10, live, think_s=lambda i: rng.uniform(0.0, 0.003))
+    waves = run_sequences(8, 10, think_s=lambda i: rng.uniform(0.0, 0.003), gap_s=0.01, max_wait_s=0.05)
     assert len(waves) == 10 and all(wave == set(range(8)) for wave in waves)
 
 
 def test_a_lone_sequence_never_waits():
-    live = [1]
-    gate = WaveGate(lambda: live[0], gap_s=10.0, max_wait_s=10.0)  # any wait would show as a hang
-    waves = run_sequences(gate, 1, 20, live)
+    waves = run_sequences(1, 20, gap_s=10.0, max_wait_s=10.0)  # any wait would show as a hang
     assert len(waves) == 20
 
 
 def test_a_straggler_holds_a_wave_at_most_max_wait():
     """Sequence 0 thinks far longer than the others: the others go without it after max_wait_s."""
-    live = [4]
-    gate = WaveGate(lambda: live[0], gap_s=0.005, max_wait_s=0.02)
-    waves = run_sequences(gate, 4, 6, live, think_s=lambda i: 0.2 if i == 0 else 0.0)
+    waves = run_sequences(4, 6, think_s=lambda i: 0.2 if i == 0 else 0.0, gap_s=0.005, max_wait_s=0.02)
     assert any(0 not in wave and len(wave) == 3 for wave in waves)
 
 
@@ -71,15 +69,13 @@ def test_an_ended_sequence_releases_the_wave_waiting_for_it():
     """Sequence 0 makes fewer calls: once it has ended, the others' waves do not wait for it (the gaps are long,
     so only `changed()` can release them promptly)."""
     live = [3]
-    gate = WaveGate(lambda: live[0], gap_s=5.0, max_wait_s=5.0)
+    gate = recording_gate(lambda: live[0], [], call_s=0.001, gap_s=5.0, max_wait_s=5.0)
     finished: list[int] = []
 
     async def sequence(i: int, iterations: int) -> None:
         try:
             for _ in range(iterations):
-                await gate.enter()
-                await asyncio.sleep(0.001)
-                gate.leave()
+                await gate.call(i)
         finally:
             live[0] -= 1
             gate.changed()
@@ -92,23 +88,54 @@ def test_an_ended_sequence_releases_the_wave_waiting_for_it():
     assert finished[0] == 0 and sorted(finished) == [0, 1, 2]
 
 
-def test_a_cancelled_waiter_leaves_no_place_behind():
-    live = [2]
-    gate = WaveGate(lambda: live[0], gap_s=5.0, max_wait_s=5.0)
+def test_a_cancelled_caller_leaves_no_place_behind():
+    """A caller cancelled while waiting is not sent; one cancelled while its wave is in flight lets the wave
+    finish; alone again, a call goes at once."""
+    live = [3]
+    waves: list[list[int]] = []
+    gate = recording_gate(lambda: live[0], waves, call_s=0.05, gap_s=5.0, max_wait_s=5.0)
 
     async def main() -> None:
-        await gate.enter()  # a wave in flight
-        waiter = asyncio.ensure_future(gate.enter())
+        in_flight = asyncio.ensure_future(gate.call(1))
+        await asyncio.sleep(0)
+        live[0] = 1  # the gate sends alone calls at once only when one sequence generates: force the wave out
+        gate.changed()
         await asyncio.sleep(0.01)
-        waiter.cancel()
-        await asyncio.gather(waiter, return_exceptions=True)
-        gate.leave()
-        assert gate.in_flight == 0
-        live[0] = 1
-        await asyncio.wait_for(gate.enter(), timeout=1.0)  # alone again: at once
-        gate.leave()
+        assert gate.in_flight
+        waiting = asyncio.ensure_future(gate.call(2))
+        await asyncio.sleep(0.01)
+        waiting.cancel()
+        in_flight.cancel()
+        await asyncio.gather(waiting, in_flight, return_exceptions=True)
+        await asyncio.sleep(0.06)  # the wave in flight ends
+        assert not gate.in_flight
+        result, _sent_at = await asyncio.wait_for(gate.call(3), timeout=1.0)
+        assert result == 6
 
     asyncio.run(main())
+    assert waves == [[1], [3]]
+
+
+def test_a_failed_wave_fails_each_of_its_calls_and_the_next_wave_goes():
+    live = [2]
+    calls = []
+
+    async def send(items: list[int]) -> list[int]:
+        calls.append(items)
+        if len(calls) == 1:
+            raise RuntimeError("decoder gone")
+        return items
+
+    gate: WaveGate[int, int] = WaveGate(lambda: live[0], send, gap_s=0.001, max_wait_s=0.01)
+
+    async def main() -> None:
+        outcomes = await asyncio.gather(gate.call(1), gate.call(2), return_exceptions=True)
+        assert all(isinstance(outcome, RuntimeError) for outcome in outcomes)
+        results = await asyncio.gather(gate.call(3), gate.call(4))
+        assert [result for result, _ in results] == [3, 4]
+
+    asyncio.run(main())
+    assert calls == [[1, 2], [3, 4]]
 
 
 def test_waves_batch_concurrent_generations_and_change_no_tokens(tiny_pair):

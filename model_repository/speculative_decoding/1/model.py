@@ -96,8 +96,9 @@ class TritonPythonModel:
         self.speculation = self.speculation.serving(drafters_served(loaded["eagle"], loaded["draft"]))
         # Shared by this instance's requests: fallback state per task, and the measured call costs.
         monitors = {task: FallbackMonitor(task, self.speculation.fallback) for task in self.speculation.profiles}
+        backend = BlsModelBackend(pack_waves=params.get("pack_target_waves", "false") == "true")
         self.generator = SpeculativeGenerator(
-            BlsModelBackend(), context, costs=CostModel(), monitors=monitors,
+            backend, context, costs=CostModel(), monitors=monitors,
             prefill_chunk=int(params.get("prefill_chunk_tokens", DEFAULT_PREFILL_CHUNK)))
         # At most as many live generations as KV slots, each with the KV blocks of its prompt + max_tokens
         # reserved: the rest wait here (bounded), never inside the decoders.
