@@ -19,7 +19,7 @@ import numpy as np
 from specdec.errors import InvalidRequestError, SpecDecError
 from specdec.kv_cache import SlotEntry, SlotTable
 from specdec.runtime.base import DecoderRuntime, ForwardItem, ForwardOutput, expand_to_vocab
-from specdec.sampling import SamplingParams, make_rng, probabilities, sample
+from specdec.sampling import SamplingParams, make_rng, probabilities, sample, sample_rows
 
 EMPTY_IDS = np.zeros(0, dtype=np.int64)
 PADDING_RATIO = 4  # an item joins a forward whose width is at most this many times its own (or PADDING_FLOOR)
@@ -60,6 +60,7 @@ class StepRequest:
     commit_rows: np.ndarray | None = None
     num_draft_tokens: int = 0
     num_candidates: int = 1
+    # Draft: how it drafts. Target: greedy, or the token after the last input (token_ids[-1]) is drawn from it.
     sampling: SamplingParams = field(default_factory=SamplingParams)
     want_logits: bool = False
     num_hidden: int = 0  # target: also return the features (final-normed hidden states) of the last N inputs
@@ -72,8 +73,8 @@ class StepRequest:
 
 @dataclass
 class StepResult:
-    """Target: greedy token after each scored position (and `hidden`: the features asked for). Draft: the
-    proposed tokens."""
+    """Target: greedy token after each scored position, the last one drawn when the step samples (and
+    `hidden`: the features asked for). Draft: the proposed tokens."""
 
     token_ids: np.ndarray = field(default_factory=lambda: EMPTY_IDS)
     logits: np.ndarray | None = None
@@ -168,6 +169,7 @@ class TargetEngine(_Engine):
                 results[i].error = exc
         if batch:
             outputs = self._forward([item for _, _, item in batch])
+            drawn: list[tuple[int, np.ndarray]] = []  # (request, its last row's logits) to draw from
             for (i, entry, item), output in zip(batch, outputs, strict=True):
                 entry.written_length = item.past_length + item.num_tokens
                 logits = expand_to_vocab(output.logits, self.runtime.logit_ids, self.runtime.vocab_size)
@@ -175,6 +177,12 @@ class TargetEngine(_Engine):
                 results[i].hidden = output.hidden
                 if requests[i].want_logits:
                     results[i].logits = logits
+                if not requests[i].sampling.greedy:
+                    drawn.append((i, logits[-1]))
+            if drawn:  # every sampled row of the batch at once
+                draws = sample_rows(np.stack([row for _, row in drawn]), [requests[i].sampling for i, _ in drawn])
+                for (i, _), token in zip(drawn, draws, strict=True):
+                    results[i].token_ids[-1] = token
         return results
 
 

@@ -26,7 +26,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -42,7 +42,7 @@ from specdec.engines import StepRequest, StepResult
 from specdec.errors import InvalidRequestError
 from specdec.fallback import FallbackMonitor
 from specdec.rejection_sampler import rejection_verify
-from specdec.sampling import SamplingParams, make_rng, probabilities, sample
+from specdec.sampling import SamplingParams, make_rng, probabilities
 from specdec.waves import WaveGate
 
 log = logging.getLogger(__name__)
@@ -252,7 +252,7 @@ class _Run:
         if result is None:
             yield GenerationUpdate([], finished=True, finish_reason="cancelled")
             return
-        new = [self._pick(result, -1)]
+        new = [self._pick(result)]
         while True:
             update = self._emit(new)
             if not update.finished and is_cancelled():
@@ -282,7 +282,8 @@ class _Run:
             last = end == self.prompt_len
             step = self._target(StepRequest(
                 self.sequence_id, past_length=start, input_ids=np.asarray(self.tokens[start:end]), start=not start,
-                want_logits=self.need_target_logits and last, num_hidden=(end - start) if self._want_features else 0,
+                num_hidden=(end - start) if self._want_features else 0,
+                sampling=self._plain_draw() if last else SamplingParams(),
             ), end - start)
             if len(chunks) > 1 and self.speculate and self.model_drafter is not None and self.eagle is None:
                 result, _ = await asyncio.gather(step, self._prefill_draft(end))
@@ -326,8 +327,9 @@ class _Run:
         nodes = proposal.tokens if proposal else []
         tree = proposal is not None and not proposal.is_chain
         step = StepRequest(self.sequence_id, past_length=self.target_valid, input_ids=np.asarray(pending + nodes),
-                           num_logits=len(nodes) + 1, want_logits=self.need_target_logits,
-                           num_hidden=m + len(nodes) if self._want_features else 0)
+                           num_logits=len(nodes) + 1, want_logits=self.need_target_logits and proposal is not None,
+                           num_hidden=m + len(nodes) if self._want_features else 0,
+                           sampling=self._plain_draw() if proposal is None else SamplingParams())
         if tree:
             step.tree_parents = np.asarray(
                 [i - 1 for i in range(m)] + [m - 1 if p < 0 else p + m for p in proposal.parents]
@@ -341,7 +343,7 @@ class _Run:
             self._keep_features(self.target_valid, result.hidden)
             self.target_valid = len(self.tokens)
             started = self.gen._clock()
-            token = self._pick(result, -1)
+            token = self._pick(result)
             self.stats.add_time("accept", self.gen._clock() - started)
             return [token]
         started = self.gen._clock()
@@ -485,13 +487,17 @@ class _Run:
         self.gen.costs.target.observe(scored, elapsed)
         return result
 
-    def _pick(self, result: StepResult, row: int) -> int:
-        if not self.need_target_logits:
-            return int(result.token_ids[row])
-        logits = result.logits[row]
+    def _plain_draw(self) -> SamplingParams:
+        """How the target picks a plain step's token: greedy, or drawn there from the request's sampling with a
+        seed from this sequence's generator (so a seeded request's text does not depend on the load)."""
         if self.sampling.greedy:
-            return int(np.argmax(logits))
-        return sample(probabilities(logits, self.sampling)[0], self.rng)
+            return SamplingParams()
+        return replace(self.sampling, seed=int(self.rng.integers(0, 2**63)))
+
+    @staticmethod
+    def _pick(result: StepResult) -> int:
+        """A plain step's token: the target's greedy choice or its draw (`_plain_draw`) after the last input."""
+        return int(result.token_ids[-1])
 
     def _emit(self, new: list[int]) -> GenerationUpdate:
         """Append `new` to the tokens, cut at an end token or max_tokens, and report what was added."""

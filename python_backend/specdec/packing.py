@@ -16,10 +16,14 @@ import numpy as np
 
 from specdec.engines import StepRequest, StepResult
 from specdec.errors import InvalidRequestError, SpecDecError
+from specdec.sampling import SamplingParams
 
 # The columns of a packed wave's step table, one row per step.
 STEP_COLUMNS = ("sequence_id", "past_length", "num_tokens", "num_logits", "num_hidden", "want_logits",
-                "num_tree_parents", "commit_base", "num_commit_rows")
+                "num_tree_parents", "commit_base", "num_commit_rows", "top_k", "seed")
+# ... and of its sampling table (float32, as the unpacked path's inputs: a draw does not depend on the packing).
+SAMPLING_COLUMNS = ("temperature", "top_p")
+NO_SEED = -1
 _COLUMN = {name: i for i, name in enumerate(STEP_COLUMNS)}
 
 
@@ -36,6 +40,7 @@ class PackedSteps:
     input_ids: np.ndarray
     tree_parents: np.ndarray
     commit_rows: np.ndarray
+    sampling: np.ndarray  # [steps, SAMPLING_COLUMNS] float32
 
     @property
     def sequence_ids(self) -> np.ndarray:
@@ -43,19 +48,22 @@ class PackedSteps:
 
 
 def pack_steps(steps: list[StepRequest]) -> PackedSteps:
-    rows, ids, parents, commits = [], [], [], []
+    rows, sampling, ids, parents, commits = [], [], [], [], []
     for step in steps:
         if not packable(step):
             raise ValueError(f"sequence {step.sequence_id}: a step that starts or ends a sequence does not pack")
         tree = np.zeros(0, np.int64) if step.tree_parents is None else np.asarray(step.tree_parents, np.int64)
         commit = np.zeros(0, np.int64) if step.commit_rows is None else np.asarray(step.commit_rows, np.int64)
         rows.append((step.sequence_id, step.past_length, len(step.input_ids), step.num_logits, step.num_hidden,
-                     int(step.want_logits), len(tree), step.commit_base, len(commit)))
+                     int(step.want_logits), len(tree), step.commit_base, len(commit), step.sampling.top_k,
+                     NO_SEED if step.sampling.seed is None else step.sampling.seed))
+        sampling.append((step.sampling.temperature, step.sampling.top_p))
         ids.append(np.asarray(step.input_ids, np.int64))
         parents.append(tree)
         commits.append(commit)
     return PackedSteps(np.asarray(rows, np.int64).reshape(-1, len(STEP_COLUMNS)), np.concatenate(ids),
-                       np.concatenate(parents), np.concatenate(commits))
+                       np.concatenate(parents), np.concatenate(commits),
+                       np.asarray(sampling, np.float32).reshape(-1, len(SAMPLING_COLUMNS)))
 
 
 def _split(values: np.ndarray, counts: np.ndarray, field: str) -> list[np.ndarray]:
@@ -69,6 +77,10 @@ def unpack_steps(packed: PackedSteps) -> list[StepRequest]:
     table = np.asarray(packed.table, np.int64)
     if table.ndim != 2 or table.shape[1] != len(STEP_COLUMNS) or not len(table):
         raise InvalidRequestError("steps", f"must be [steps, {len(STEP_COLUMNS)}] ({', '.join(STEP_COLUMNS)})")
+    sampling = np.asarray(packed.sampling, np.float32)
+    if sampling.shape != (len(table), len(SAMPLING_COLUMNS)):
+        raise InvalidRequestError("step_sampling", f"must be [{len(table)}, {len(SAMPLING_COLUMNS)}] "
+                                  f"({', '.join(SAMPLING_COLUMNS)}), got {list(sampling.shape)}")
     column = {name: table[:, i] for name, i in _COLUMN.items()}
     ids = _split(np.asarray(packed.input_ids, np.int64).reshape(-1), column["num_tokens"], "input_ids")
     parents = _split(np.asarray(packed.tree_parents, np.int64).reshape(-1), column["num_tree_parents"],
@@ -82,6 +94,8 @@ def unpack_steps(packed: PackedSteps) -> list[StepRequest]:
             want_logits=bool(column["want_logits"][i]),
             tree_parents=parents[i] if len(parents[i]) else None,
             commit_base=int(column["commit_base"][i]), commit_rows=commits[i] if len(commits[i]) else None,
+            sampling=SamplingParams(float(sampling[i, 0]), int(column["top_k"][i]), float(sampling[i, 1]),
+                                    None if column["seed"][i] == NO_SEED else int(column["seed"][i])),
         ))
     return steps
 

@@ -77,3 +77,45 @@ def make_rng(seed: int | None, *stream: int) -> np.random.Generator:
     if seed is None:
         return np.random.default_rng()
     return np.random.default_rng([seed & 0xFFFFFFFFFFFFFFFF, *stream])
+
+
+def sample_rows(logits: np.ndarray, params: list[SamplingParams]) -> np.ndarray:
+    """One draw per row of `logits` [rows, vocab] from its row's temperature / top-k / top-p, in float32, with
+    `make_rng(params.seed)` per row: the softmax and the nucleus candidates of every row in a few array
+    operations, and each row's draw the same whatever else is in the batch (every reduction runs along its own
+    row). The law is `probabilities`' to float32 rounding. A plain step's token is drawn here, beside the
+    logits, instead of shipping a 49,152-float row per sequence to be sampled one at a time."""
+    scaled = np.asarray(logits, np.float32) / np.asarray([[p.temperature] for p in params], np.float32)
+    for top_k in {p.top_k for p in params if 0 < p.top_k < scaled.shape[-1]}:
+        rows = np.asarray([i for i, p in enumerate(params) if p.top_k == top_k])
+        kth = np.partition(scaled[rows], -top_k, axis=-1)[:, -top_k][:, None]
+        scaled[rows] = np.where(scaled[rows] < kth, -np.inf, scaled[rows])
+    scaled -= scaled.max(axis=-1, keepdims=True)
+    probs = np.exp(scaled)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    vocab = probs.shape[-1]
+    count = min(NUCLEUS_CANDIDATES, vocab)
+    nucleus = [i for i, p in enumerate(params) if p.top_p < 1.0]
+    if nucleus:  # the top `count` of those rows in order of probability then id (as a stable sort of the row)
+        top = np.sort(np.argpartition(-probs[nucleus], count - 1, axis=-1)[:, :count], axis=-1)
+        top = np.take_along_axis(top, np.argsort(-np.take_along_axis(probs[nucleus], top, -1), axis=-1,
+                                                 kind="stable"), -1)
+        candidates = dict(zip(nucleus, top, strict=True))
+    draws = np.empty(len(params), np.int64)
+    for i, p in enumerate(params):
+        order = None  # token ids of the kept probabilities (None: the whole row in id order)
+        kept = probs[i]
+        if p.top_p < 1.0:
+            order = candidates[i]
+            ranked = probs[i][order]
+            reached = np.nonzero(np.cumsum(ranked) - ranked >= np.float32(p.top_p))[0]
+            if count < vocab and (not len(reached) or ranked[reached[0] - 1] == ranked[-1]):
+                order = np.argsort(-probs[i], kind="stable")  # the nucleus may reach past the candidates
+                ranked = probs[i][order]
+                reached = np.nonzero(np.cumsum(ranked) - ranked >= np.float32(p.top_p))[0]
+            end = int(reached[0]) if len(reached) else len(ranked)
+            order, kept = order[:end], ranked[:end]
+        cdf = np.cumsum(kept)
+        at = min(int(np.searchsorted(cdf, make_rng(p.seed).random() * cdf[-1], side="right")), len(kept) - 1)
+        draws[i] = at if order is None else order[at]
+    return draws

@@ -16,7 +16,7 @@ from specdec.engines import StepRequest, StepResult
 from specdec.errors import SpecDecError
 from specdec.packing import PackedResults, pack_steps, packable, unpack_results
 
-from specdec_triton.contract import MODEL_NAMES, PACKED_STEPS
+from specdec_triton.contract import MODEL_NAMES, PACKED_SAMPLING, PACKED_STEPS
 from specdec_triton.tensors import ids_tensor, value_tensor
 
 
@@ -50,7 +50,9 @@ class BlsModelBackend:
         if not steps:
             return []
         packed = pack_steps(steps)
-        inputs = [pb_utils.Tensor(PACKED_STEPS.name, packed.table[None]), ids_tensor("input_ids", packed.input_ids)]
+        inputs = [pb_utils.Tensor(PACKED_STEPS.name, packed.table[None]),
+                  pb_utils.Tensor(PACKED_SAMPLING.name, packed.sampling[None]),
+                  ids_tensor("input_ids", packed.input_ids)]
         if len(packed.tree_parents):
             inputs.append(ids_tensor("tree_parents", packed.tree_parents))
         if len(packed.commit_rows):

@@ -102,14 +102,14 @@ DECODER_INPUTS = (
     # EAGLE head drafts from.
     TensorSpec("num_hidden", "INT32", optional=True),
 )
+# How a draft drafts; on the target, how a plain step's token is drawn (the token after the last input).
+SAMPLING_INPUTS = (TensorSpec("temperature", "FP32", optional=True), TensorSpec("top_k", "INT32", optional=True),
+                   TensorSpec("top_p", "FP32", optional=True), TensorSpec("seed", "UINT64", optional=True))
 DRAFT_INPUTS = (
     *DECODER_INPUTS,
     TensorSpec("num_draft_tokens", "INT32", optional=True),
     TensorSpec("num_candidates", "INT32", optional=True),
-    TensorSpec("temperature", "FP32", optional=True),
-    TensorSpec("top_k", "INT32", optional=True),
-    TensorSpec("top_p", "FP32", optional=True),
-    TensorSpec("seed", "UINT64", optional=True),
+    *SAMPLING_INPUTS,
     # A chain stops before a token (past the first) the drafter gives less probability than this (0: never).
     TensorSpec("min_confidence", "FP32", optional=True),
     # > 0: a dynamic tree of at most this many nodes instead of num_candidates chains (its parents come back
@@ -122,10 +122,12 @@ DECODER_OUTPUTS = (TensorSpec("token_ids", "INT32", (-1,)), TensorSpec("logits",
                    TensorSpec("hidden_states", "FP32", (-1, -1)))
 DRAFT_OUTPUTS = (*DECODER_OUTPUTS, TensorSpec("draft_parents", "INT32", (-1,)))  # a dynamic tree's parents
 # target_model also takes a wave of steps of several sequences in one request (specdec.packing): `steps` is the
-# step table [steps, len(STEP_COLUMNS)], input_ids / tree_parents / commit_rows the steps' values concatenated;
-# the outputs come back concatenated in step order, with step_errors ("" or the message) per step.
+# step table [steps, len(STEP_COLUMNS)], `step_sampling` [steps, len(SAMPLING_COLUMNS)], input_ids / tree_parents /
+# commit_rows the steps' values concatenated; the outputs come back concatenated in step order, with step_errors
+# ("" or the message) per step.
 PACKED_STEPS = TensorSpec("steps", "INT64", (-1, -1), optional=True, ragged=True)
-TARGET_INPUTS = (*DECODER_INPUTS, PACKED_STEPS)
+PACKED_SAMPLING = TensorSpec("step_sampling", "FP32", (-1, -1), optional=True, ragged=True)
+TARGET_INPUTS = (*DECODER_INPUTS, *SAMPLING_INPUTS, PACKED_STEPS, PACKED_SAMPLING)
 TARGET_OUTPUTS = (*DECODER_OUTPUTS, TensorSpec("step_errors", "STRING", (-1,)))
 
 # Sequence-batcher control tensors delivered to target_model / draft_model.

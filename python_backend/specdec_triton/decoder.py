@@ -21,7 +21,7 @@ from specdec.runtime import build_runtime, check_weight_quantization
 from specdec.sampling import SamplingParams
 
 from specdec_triton import contract as c
-from specdec_triton.contract import PACKED_STEPS
+from specdec_triton.contract import PACKED_SAMPLING, PACKED_STEPS
 from specdec_triton.metrics import TritonMetricSink
 from specdec_triton.tensors import (
     check_token_ids,
@@ -75,8 +75,14 @@ def read_packed_steps(request: Any, table: np.ndarray) -> list[StepRequest]:
         tensor = pb_utils.get_input_tensor_by_name(request, name)
         return np.zeros(0, np.int64) if tensor is None else tensor.as_numpy().reshape(-1).astype(np.int64)
 
-    return unpack_steps(PackedSteps(table.reshape(-1, table.shape[-1]) if table.ndim >= 2 else table,
-                                    values("input_ids"), values("tree_parents"), values("commit_rows")))
+    sampling = pb_utils.get_input_tensor_by_name(request, PACKED_SAMPLING.name)
+    if sampling is None:
+        raise InvalidRequestError(PACKED_SAMPLING.name, "is required with steps")
+    sampling = sampling.as_numpy()
+    return unpack_steps(PackedSteps(
+        table.reshape(-1, table.shape[-1]) if table.ndim >= 2 else table, values("input_ids"),
+        values("tree_parents"), values("commit_rows"),
+        sampling.reshape(-1, sampling.shape[-1]) if sampling.ndim >= 2 else sampling))
 
 
 def write_packed_results(steps: list[StepRequest], results: list[StepResult]) -> Any:

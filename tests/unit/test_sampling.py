@@ -1,11 +1,13 @@
 """specdec.sampling: the nucleus (top_p) found among the most probable tokens equals the one a stable sort of the
-whole row gives, bit for bit, including ties and rows whose nucleus is larger than the candidates."""
+whole row gives, bit for bit, including ties and rows whose nucleus is larger than the candidates; the batched
+float32 draws of plain steps follow the same law, and a row's draw does not depend on its batch."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from specdec.sampling import NUCLEUS_CANDIDATES, SamplingParams, probabilities
+from scipy.stats import chisquare
+from specdec.sampling import NUCLEUS_CANDIDATES, SamplingParams, probabilities, sample_rows
 
 
 def reference(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
@@ -38,3 +40,43 @@ def test_small_vocabularies_and_top_k_together():
         logits = rng.normal(size=(2, size)).astype(np.float32)
         for params in (SamplingParams(0.8, 0, 0.9), SamplingParams(1.0, 50, 0.7)):
             assert np.array_equal(probabilities(logits, params), reference(logits, params))
+
+
+def drawn_law(logits: np.ndarray, params: SamplingParams, draws: int) -> np.ndarray:
+    """Frequencies of `sample_rows`' draws from one row, each draw with its own seed, in one batch."""
+    batch = np.repeat(logits[None], draws, axis=0)
+    tokens = sample_rows(batch, [SamplingParams(params.temperature, params.top_k, params.top_p, seed)
+                                 for seed in range(draws)])
+    return np.bincount(tokens, minlength=logits.shape[-1]) / draws
+
+
+@pytest.mark.parametrize("params", [SamplingParams(0.7, 0, 0.95), SamplingParams(1.0, 0, 1.0),
+                                    SamplingParams(1.3, 20, 0.8), SamplingParams(0.5, 0, 0.5)],
+                         ids=["t0.7-p0.95", "t1", "t1.3-k20-p0.8", "t0.5-p0.5"])
+def test_batched_draws_follow_probabilities(params):
+    """sample_rows draws from the law `probabilities` computes (chi-square over the tokens it gives mass)."""
+    rng = np.random.default_rng(7)
+    logits = rng.normal(scale=2.0, size=400).astype(np.float32)
+    expected = probabilities(logits, params)[0]
+    observed = drawn_law(logits, params, 20_000)
+    assert observed[expected == 0].sum() == 0  # nothing outside top-k / the nucleus
+    likely = expected * 20_000 >= 5
+    counts = np.append(observed[likely] * 20_000, observed[~likely].sum() * 20_000)
+    wanted = np.append(expected[likely] * 20_000, expected[~likely].sum() * 20_000)
+    keep = wanted > 0
+    assert chisquare(counts[keep], wanted[keep] * counts.sum() / wanted[keep].sum()).pvalue > 1e-4
+
+
+def test_a_rows_draw_does_not_depend_on_its_batch():
+    """Each row's draw is the same alone and beside other rows with other settings (full-size rows, ties)."""
+    rng = np.random.default_rng(11)
+    logits = rng.normal(scale=3.0, size=(6, 49_152)).astype(np.float32)
+    logits[2] = 0.0  # flat: the nucleus is larger than the candidates
+    logits[4, :3000] = logits[4].max()  # a tie reaching past the candidates
+    params = [SamplingParams(0.7, 0, 0.95, 1), SamplingParams(1.0, 0, 1.0, 2), SamplingParams(0.7, 0, 0.95, 3),
+              SamplingParams(1.3, 50, 0.9, 4), SamplingParams(0.9, 0, 0.99, 5), SamplingParams(0.6, 0, 0.3, 6)]
+    together = sample_rows(logits, params)
+    alone = [int(sample_rows(logits[i:i + 1], [p])[0]) for i, p in enumerate(params)]
+    assert together.tolist() == alone
+    assert sample_rows(logits, params).tolist() == together.tolist()  # seeded: reproducible
+    assert logits[4, together[4]] == logits[4].max()  # the nucleus of a 3,000-way tie stays inside it
