@@ -29,7 +29,11 @@ INPUT_DTYPES = {
     "num_candidates": np.int32, "acceptance": np.object_, "verify_threshold": np.float32, "task": np.object_,
     "drafter": np.object_, "random_seed": np.uint64,
     "beam_width": np.int32, "return_log_probs": np.bool_,
+    "repetition_penalty": np.float32, "presence_penalty": np.float32, "frequency_penalty": np.float32,
 }
+# Inputs that carry a list ([1, n]); the rest carry one value ([1, 1]).
+LIST_INPUT_DTYPES = {"bad_words": np.object_, "stop_words": np.object_, "logit_bias_ids": np.int32,
+                     "logit_bias_values": np.float32}
 
 
 class GenerationError(RuntimeError):
@@ -54,17 +58,30 @@ class GenerationResult:
         return self.num_output_tokens / self.latency_s if self.latency_s else 0.0
 
 
+def input_array(name: str, value: Any) -> np.ndarray:
+    """An ensemble input as the [1, n] array Triton takes (n = 1 but for LIST_INPUT_DTYPES)."""
+    if name in LIST_INPUT_DTYPES:
+        values = list(value)
+        dtype = LIST_INPUT_DTYPES[name]
+        if dtype is np.object_:
+            if not all(isinstance(item, str | bytes) for item in values):
+                raise TypeError(f"{name} must be a list of text")
+            values = [item.encode() if isinstance(item, str) else item for item in values]
+        return np.array([values], dtype=dtype).reshape(1, -1)
+    dtype = INPUT_DTYPES.get(name)
+    if dtype is None:
+        raise ValueError(f"unknown input {name}")
+    if dtype is np.object_ and not isinstance(value, str | bytes):
+        raise TypeError(f"{name} must be text, got {type(value).__name__}")  # numpy would send its repr
+    return np.array([[value.encode() if isinstance(value, str) else value]], dtype=dtype)
+
+
 def grpc_inputs(params: dict[str, Any]) -> list[grpcclient.InferInput]:
     inputs = []
     for name, value in params.items():
         if value is None:
             continue
-        dtype = INPUT_DTYPES.get(name)
-        if dtype is None:
-            raise ValueError(f"unknown input {name}")
-        if dtype is np.object_ and not isinstance(value, str | bytes):
-            raise TypeError(f"{name} must be text, got {type(value).__name__}")  # numpy would send its repr
-        array = np.array([[value.encode() if isinstance(value, str) else value]], dtype=dtype)
+        array = input_array(name, value)
         tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)

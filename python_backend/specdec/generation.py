@@ -41,8 +41,9 @@ from specdec.drafting.ngram import NgramDrafter
 from specdec.engines import StepRequest, StepResult
 from specdec.errors import InvalidRequestError
 from specdec.fallback import FallbackMonitor
+from specdec.logits_processing import LogitsOptions
 from specdec.rejection_sampler import rejection_verify
-from specdec.sampling import SamplingParams, make_rng, probabilities
+from specdec.sampling import SamplingParams, make_rng, probabilities, sample
 from specdec.waves import WaveGate
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,11 @@ class GenerationRequest:
     min_tokens: int = 0  # end tokens are ignored until this many tokens were generated
     settings: SpeculationSettings | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    logits_options: LogitsOptions = field(default_factory=LogitsOptions)  # penalties, logit bias, bad words
+    # The output ends at the token that completes one of these texts (kept, as TensorRT-LLM's stop_words);
+    # `decode` turns output tokens into text (the tokenizer's).
+    stop_texts: tuple[str, ...] = ()
+    decode: Callable[[list[int]], str] | None = None
 
     @property
     def rows_needed(self) -> int:
@@ -168,6 +174,8 @@ class SpeculativeGenerator:
     def validate(self, request: GenerationRequest) -> None:
         if not request.prompt_ids:
             raise InvalidRequestError("text_input", "the prompt is empty")
+        if request.stop_texts and request.decode is None:
+            raise ValueError("stop texts need a decode function")
         if len(request.prompt_ids) + request.max_tokens > self.max_context_length:
             raise InvalidRequestError(
                 "max_tokens",
@@ -209,7 +217,11 @@ class _Run:
         stats.drafter = self.settings.drafter if self.settings.enabled else "none"
         self.sampling = request.sampling
         self.rng = make_rng(self.sampling.seed, 0)
-        self.need_target_logits = not self.sampling.greedy or self.settings.acceptance != "greedy"
+        # Penalties, a logit bias or bad words reshape the target's logits row by row (specdec.logits_processing):
+        # every token is then chosen here from the processed rows.
+        self.logits_options = request.logits_options
+        self.need_target_logits = (not self.sampling.greedy or self.settings.acceptance != "greedy"
+                                   or self.logits_options.active)
         self.estimate = AcceptanceEstimate()
         self.lookup_estimate = AcceptanceEstimate()  # prompt lookup's own acceptance: its adaptive length
         # A sampled request with a seed must give the same text on any load, and its text depends on what was
@@ -282,7 +294,7 @@ class _Run:
             last = end == self.prompt_len
             step = self._target(StepRequest(
                 self.sequence_id, past_length=start, input_ids=np.asarray(self.tokens[start:end]), start=not start,
-                num_hidden=(end - start) if self._want_features else 0,
+                num_hidden=(end - start) if self._want_features else 0, want_logits=last and self.logits_options.active,
                 sampling=self._plain_draw() if last else SamplingParams(),
             ), end - start)
             if len(chunks) > 1 and self.speculate and self.model_drafter is not None and self.eagle is None:
@@ -327,7 +339,8 @@ class _Run:
         nodes = proposal.tokens if proposal else []
         tree = proposal is not None and not proposal.is_chain
         step = StepRequest(self.sequence_id, past_length=self.target_valid, input_ids=np.asarray(pending + nodes),
-                           num_logits=len(nodes) + 1, want_logits=self.need_target_logits and proposal is not None,
+                           num_logits=len(nodes) + 1,
+                           want_logits=self.need_target_logits and (proposal is not None or self.logits_options.active),
                            num_hidden=m + len(nodes) if self._want_features else 0,
                            sampling=self._plain_draw() if proposal is None else SamplingParams())
         if tree:
@@ -467,9 +480,16 @@ class _Run:
 
     def _verify(self, proposal: Proposal, result: StepResult) -> Verdict:
         mode = self.settings.acceptance
+        scored = len(proposal.tokens) + 1
+        if self.logits_options.active:
+            logits = self.logits_options.apply(result.logits[-scored:], self.tokens, self.prompt_len,
+                                               proposal.paths())
+        elif mode == "greedy":
+            return greedy_verify(proposal.tokens, proposal.parents, result.token_ids[-scored:])
+        else:
+            logits = result.logits[-scored:]
         if mode == "greedy":
-            return greedy_verify(proposal.tokens, proposal.parents, result.token_ids[-(len(proposal.tokens) + 1):])
-        logits = result.logits[-(len(proposal.tokens) + 1):]
+            return greedy_verify(proposal.tokens, proposal.parents, logits.argmax(axis=-1))
         if mode == "typical":
             return typical_verify(proposal.tokens, proposal.parents, logits, self.settings.verify_threshold,
                                   self.sampling, self.rng)
@@ -489,15 +509,21 @@ class _Run:
 
     def _plain_draw(self) -> SamplingParams:
         """How the target picks a plain step's token: greedy, or drawn there from the request's sampling with a
-        seed from this sequence's generator (so a seeded request's text does not depend on the load)."""
-        if self.sampling.greedy:
+        seed from this sequence's generator (so a seeded request's text does not depend on the load). With
+        logits options the token is chosen here instead (`_pick`)."""
+        if self.sampling.greedy or self.logits_options.active:
             return SamplingParams()
         return replace(self.sampling, seed=int(self.rng.integers(0, 2**63)))
 
-    @staticmethod
-    def _pick(result: StepResult) -> int:
-        """A plain step's token: the target's greedy choice or its draw (`_plain_draw`) after the last input."""
-        return int(result.token_ids[-1])
+    def _pick(self, result: StepResult) -> int:
+        """A plain step's token: the target's greedy choice or its draw (`_plain_draw`) after the last input, or
+        with logits options, chosen from the processed last row."""
+        if not self.logits_options.active:
+            return int(result.token_ids[-1])
+        row = self.logits_options.apply(result.logits[-1:], self.tokens, self.prompt_len, [[]])
+        if self.sampling.greedy:
+            return int(row[0].argmax())
+        return sample(probabilities(row, self.sampling)[0], self.rng)
 
     def _emit(self, new: list[int]) -> GenerationUpdate:
         """Append `new` to the tokens, cut at an end token or max_tokens, and report what was added."""
@@ -510,6 +536,9 @@ class _Run:
                 reason = "stop"
                 break
             kept.append(token)
+            if request.stop_texts and self._completes_a_stop_text(kept):
+                reason = "stop"
+                break
         self.tokens.extend(kept)
         self.stats.output_tokens += len(kept)
         if reason is None and len(self.tokens) - self.prompt_len >= request.max_tokens:
@@ -517,6 +546,20 @@ class _Run:
         if reason is None and len(self.tokens) >= self.gen.max_context_length:
             reason = "context"
         return GenerationUpdate(kept, finished=reason is not None, finish_reason=reason)
+
+    def _completes_a_stop_text(self, kept: list[int]) -> bool:
+        """Whether the last of `kept` completes a stop text in the output: its text over the last few tokens
+        contains one that the same tokens without it did not."""
+        output = self.tokens[self.prompt_len:] + kept
+        window = output[-(self._stop_window + 1):]
+        assert self.request.decode is not None  # validate() checks it
+        with_it, without = self.request.decode(window), self.request.decode(window[:-1])
+        return any(stop in with_it and stop not in without for stop in self.request.stop_texts)
+
+    @property
+    def _stop_window(self) -> int:
+        """Tokens enough to spell the longest stop text (a token spells at least one byte)."""
+        return max(len(stop.encode()) for stop in self.request.stop_texts) + 1
 
     async def release(self) -> None:
         """END both sequences so their KV slots are freed now, not at the idle timeout."""

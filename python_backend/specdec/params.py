@@ -16,6 +16,7 @@ import numpy as np
 from specdec.acceptance import ACCEPTANCE_MODES
 from specdec.config import DRAFTERS, TASKS
 from specdec.errors import InvalidRequestError, UnsupportedError
+from specdec.logits_processing import LogitsOptions
 from specdec.sampling import SamplingParams
 
 REQUEST_TASKS = ("auto", *TASKS)
@@ -51,6 +52,10 @@ class RequestOptions:
     # return_num_output_tokens (Triton's OpenAI frontend): num_output_tokens counts each response's tokens
     # instead of the running total.
     output_tokens_per_response: bool = False
+    # Penalties and the logit bias; bad words are added once tokenized (`bad_words`).
+    logits: LogitsOptions = LogitsOptions()
+    bad_words: tuple[str, ...] = ()  # TensorRT-LLM's: never completed
+    stop_words: tuple[str, ...] = ()  # the output ends at the token that completes one of these texts (kept)
 
 
 def _scalar(inputs: Mapping[str, np.ndarray], name: str) -> object | None:
@@ -117,14 +122,7 @@ def parse_request(inputs: Mapping[str, np.ndarray], limits: ServerLimits) -> Req
         _require_default(inputs, name, 1, f"{name} > 1")
     for name in ("return_log_probs", "return_context_logits", "return_generation_logits"):
         _require_default(inputs, name, False, name)
-    for name in ("repetition_penalty", "length_penalty"):
-        _require_default(inputs, name, 1.0, name)
-    for name in ("presence_penalty", "frequency_penalty"):
-        _require_default(inputs, name, 0.0, name)
-    for name in ("stop_words", "bad_words"):
-        value = inputs.get(name)
-        if value is not None and any(np.asarray(value).reshape(-1)):
-            raise UnsupportedError(name, f"{name} is not supported yet")
+    _require_default(inputs, "length_penalty", 1.0, "length_penalty (beam search)")
     verify_threshold = _float(inputs, "verify_threshold")
     if verify_threshold is not None and not 0 < verify_threshold <= 1:
         raise InvalidRequestError("verify_threshold", f"must be in (0, 1], got {verify_threshold}")
@@ -142,7 +140,67 @@ def parse_request(inputs: Mapping[str, np.ndarray], limits: ServerLimits) -> Req
         drafter=_choice(inputs, "drafter", DRAFTERS, None),
         sampling=parse_sampling(inputs),
         output_tokens_per_response=_bool(inputs, "return_num_output_tokens", False),
+        logits=parse_logits_options(inputs),
+        bad_words=_words(inputs, "bad_words"),
+        stop_words=_words(inputs, "stop_words"),
     )
+
+
+MAX_PENALTY = 1e4  # beyond this a penalty only forbids (and overflows float32 logits)
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100 forbids a token, 100 forces it
+MAX_WORDS = 64
+MAX_LOGIT_BIAS_ENTRIES = 1024
+
+
+def parse_logits_options(inputs: Mapping[str, np.ndarray]) -> LogitsOptions:
+    """Penalties (TensorRT-LLM's names; presence and frequency as OpenAI defines them) and the logit bias
+    (`logit_bias_ids` / `logit_bias_values`, OpenAI's logit_bias as two tensors; the ids are checked against
+    the vocabulary by the caller)."""
+    repetition = _float(inputs, "repetition_penalty")
+    if repetition is not None and not 0 < repetition <= MAX_PENALTY:
+        raise InvalidRequestError("repetition_penalty", f"must be in (0, {MAX_PENALTY:g}], got {repetition}")
+    penalties = {}
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = _float(inputs, name)
+        if value is not None and not -MAX_PENALTY <= value <= MAX_PENALTY:
+            raise InvalidRequestError(name, f"must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {value}")
+        penalties[name] = value or 0.0
+    ids, values = inputs.get("logit_bias_ids"), inputs.get("logit_bias_values")
+    bias: tuple[tuple[int, float], ...] = ()
+    if ids is not None or values is not None:
+        ids = np.asarray(ids if ids is not None else [], dtype=np.int64).reshape(-1)
+        values = np.asarray(values if values is not None else [], dtype=np.float64).reshape(-1)
+        if len(ids) != len(values):
+            raise InvalidRequestError("logit_bias_values", f"{len(values)} values for {len(ids)} logit_bias_ids")
+        if len(ids) > MAX_LOGIT_BIAS_ENTRIES:
+            raise InvalidRequestError("logit_bias_ids", f"at most {MAX_LOGIT_BIAS_ENTRIES} entries, got {len(ids)}")
+        if len(values) and not (np.isfinite(values).all() and np.abs(values).max() <= MAX_LOGIT_BIAS):
+            raise InvalidRequestError("logit_bias_values", f"must be finite and in [-{MAX_LOGIT_BIAS:g}, "
+                                      f"{MAX_LOGIT_BIAS:g}]")
+        if len(set(ids.tolist())) != len(ids):
+            raise InvalidRequestError("logit_bias_ids", "a token id appears twice")
+        bias = tuple(zip(ids.tolist(), values.tolist(), strict=True))
+    return LogitsOptions(repetition_penalty=1.0 if repetition is None else repetition,
+                         presence_penalty=penalties["presence_penalty"],
+                         frequency_penalty=penalties["frequency_penalty"], logit_bias=bias)
+
+
+def _words(inputs: Mapping[str, np.ndarray], name: str) -> tuple[str, ...]:
+    """A list of strings (TensorRT-LLM's bad_words / stop_words); empty strings are ignored (clients send [""])."""
+    value = inputs.get(name)
+    if value is None:
+        return ()
+    words = []
+    for item in np.asarray(value).reshape(-1):
+        try:
+            word = item.decode("utf-8", errors="strict") if isinstance(item, bytes) else str(item)
+        except UnicodeDecodeError as exc:
+            raise InvalidRequestError(name, "is not valid UTF-8") from exc
+        if word:
+            words.append(word)
+    if len(words) > MAX_WORDS:
+        raise InvalidRequestError(name, f"at most {MAX_WORDS} words, got {len(words)}")
+    return tuple(words)
 
 
 def _one_of(inputs: Mapping[str, np.ndarray], names: tuple[str, str], read) -> object | None:

@@ -17,8 +17,9 @@ class TextTokenizer:
         self.end_ids: frozenset[int] = read_end_ids(model_dir)
         self.vocab_size = self._tokenizer.get_vocab_size()
 
-    def encode(self, text: str) -> list[int]:
-        return self._tokenizer.encode(text).ids  # with the special tokens the model was trained with
+    def encode(self, text: str, special_tokens: bool = True) -> list[int]:
+        """`special_tokens`: with those the model was trained with around a text (a prompt), or none (a word)."""
+        return self._tokenizer.encode(text, add_special_tokens=special_tokens).ids
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=True)

@@ -46,6 +46,9 @@ PUBLIC_INPUTS = (
     TensorSpec("repetition_penalty", "FP32", optional=True),
     TensorSpec("presence_penalty", "FP32", optional=True),
     TensorSpec("frequency_penalty", "FP32", optional=True),
+    # OpenAI's logit_bias as two tensors (an extension: TensorRT-LLM biases words, not token ids).
+    TensorSpec("logit_bias_ids", "INT32", (-1,), optional=True),
+    TensorSpec("logit_bias_values", "FP32", (-1,), optional=True),
     TensorSpec("length_penalty", "FP32", optional=True),
     TensorSpec("num_draft_tokens", "INT32", optional=True),
     TensorSpec("num_candidates", "INT32", optional=True),

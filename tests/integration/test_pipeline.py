@@ -135,6 +135,24 @@ def test_concurrent_seeded_sampled_streams_match_their_single_stream_answers(ser
     assert len(set(alone)) == len(alone)
 
 
+def test_penalties_bias_and_words_through_the_ensemble(server, all_prompts):
+    """Penalties, a logit bias and bad words change the greedy answer, equally with and without speculation (chain
+    and tree); stop_words end it on the first word it completes."""
+    prompt = all_prompts[0][1]
+    base = {"text_input": prompt, "max_tokens": MAX_TOKENS, "exclude_input_in_output": True}
+    unprocessed = generate_grpc(server.grpc_url, {**base, "num_draft_tokens": 0}).text
+    options = {"frequency_penalty": 0.7, "repetition_penalty": 1.2, "bad_words": [" the", " a"],
+               "logit_bias_ids": [11], "logit_bias_values": [-100.0]}
+    plain = generate_grpc(server.grpc_url, {**base, **options, "num_draft_tokens": 0}).text
+    assert plain != unprocessed
+    for shape in ({"num_draft_tokens": 4}, {"num_draft_tokens": 3, "num_candidates": 3}):
+        assert generate_grpc(server.grpc_url, {**base, **options, **shape}).text == plain, shape
+    word = unprocessed.split()[3]
+    stopped = generate_grpc(server.grpc_url, {**base, "stop_words": [word], "num_draft_tokens": 4})
+    completed = unprocessed.index(word) + len(word)  # where the answer first completes the word
+    assert unprocessed.startswith(stopped.text) and completed <= len(stopped.text) < completed + 16
+
+
 def grpc_error(server, inputs: list[grpcclient.InferInput]) -> str:
     """The error a gRPC stream (decoupled models need one) answers to these raw inputs."""
     client = grpcclient.InferenceServerClient(server.grpc_url)

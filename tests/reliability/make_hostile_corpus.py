@@ -170,12 +170,21 @@ def http_cases() -> Iterator[dict]:
                    rejected("num_return_sequences"))
     for name in ("return_log_probs", "return_context_logits", "return_generation_logits"):
         yield http(f"{name}/true", "unsupported", {**BASE, name: True}, rejected(name))
-    for name, value in (("repetition_penalty", 1.5), ("repetition_penalty", 0.0), ("repetition_penalty", math.nan),
-                        ("presence_penalty", 0.5), ("presence_penalty", -0.5), ("frequency_penalty", 1.0),
-                        ("length_penalty", 2.0)):
-        yield http(f"{name}/{value}", "unsupported", {**BASE, name: value}, rejected(name))
+    for name, value in (("repetition_penalty", 0.0), ("repetition_penalty", -1.0), ("repetition_penalty", math.nan),
+                        ("presence_penalty", 1e9), ("frequency_penalty", -1e9), ("frequency_penalty", math.inf)):
+        yield http(f"{name}/{value}", "range", {**BASE, name: value}, rejected(name))
+    for name, value in (("repetition_penalty", 1.5), ("presence_penalty", -0.5), ("frequency_penalty", 1.0)):
+        yield http(f"{name}/{value}", "range", {**BASE, name: value}, ok("a penalty reshapes the logits"))
+    yield http("length_penalty/2.0", "unsupported", {**BASE, "length_penalty": 2.0}, rejected("length_penalty"))
     for name, value in (("stop_words", ["x"]), ("stop_words", ["a", "b", "c"]), ("bad_words", ["y"])):
-        yield http(f"{name}/{len(value)}", "unsupported", {**BASE, name: value}, rejected(name))
+        yield http(f"{name}/{len(value)}", "range", {**BASE, name: value}, ok(f"{name} are honoured"))
+    yield http("bad_words/empty", "range", {**BASE, "bad_words": [""]}, ok("empty words are ignored"))
+    yield http("bad_words/too_many", "size", {**BASE, "bad_words": [f"w{i}" for i in range(65)]},
+               rejected("bad_words"))
+    yield http("logit_bias/unpaired", "range", {**BASE, "logit_bias_ids": [1, 2], "logit_bias_values": [1.0]},
+               rejected("logit_bias_values"))
+    yield http("logit_bias/beyond_vocabulary", "range", {**BASE, "logit_bias_ids": [INT32_MAX],
+                                                         "logit_bias_values": [1.0]}, rejected("logit_bias_ids"))
     for value in (-2, INT32_MIN):
         yield http(f"end_id/{value}", "range", {**BASE, "end_id": value}, rejected("end_id"))
     yield http("end_id/beyond_vocabulary", "range", {**BASE, "end_id": INT32_MAX},
@@ -298,8 +307,10 @@ def grpc_cases() -> Iterator[dict]:
                    rejected("max_tokens"))
     for name, value in (("num_draft_tokens", 17), ("num_candidates", 0), ("beam_width", 4), ("top_k", -3)):
         yield grpc(f"{name}/{value}", "range", GOOD_GRPC + [tensor(name, "INT32", value)], rejected(name))
-    yield grpc("stop_words/one", "unsupported", GOOD_GRPC + [tensor("stop_words", "BYTES", ["x"], [1, 1])],
-               rejected("stop_words"))
+    yield grpc("stop_words/one", "range", GOOD_GRPC + [tensor("stop_words", "BYTES", ["x"], [1, 1])],
+               ok("stop_words are honoured"))
+    yield grpc("bad_words/invalid_utf8", "encoding", GOOD_GRPC + [tensor("bad_words", "BYTES", [b"\xff"], [1, 1])],
+               rejected("bad_words"))
 
     def direct(ids: list[int], max_tokens: int = 4, shape: list[int] | None = None) -> list[dict]:
         return [tensor("input_ids", "INT32", ids, shape or [1, len(ids)]),

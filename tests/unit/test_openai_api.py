@@ -86,6 +86,19 @@ def test_completion_text_usage_and_speculation():
     assert (options["seed"], options["temperature"], options["top_p"]) == (7, 0.5, 0.9)
 
 
+def test_penalties_and_logit_bias_reach_the_ensemble():
+    from specdec_client.openai_api.schemas import ChatCompletionRequest
+
+    options = ChatCompletionRequest(model=MODEL, messages=[{"role": "user", "content": "hi"}], presence_penalty=0.5,
+                                    frequency_penalty=-0.25, logit_bias={"42": -100, "7": 2.5},
+                                    repetition_penalty=1.2).ensemble_inputs()
+    assert (options["presence_penalty"], options["frequency_penalty"], options["repetition_penalty"]) == (
+        0.5, -0.25, 1.2)
+    assert (options["logit_bias_ids"], options["logit_bias_values"]) == ([42, 7], [-100, 2.5])
+    plain = ChatCompletionRequest(model=MODEL, messages=[{"role": "user", "content": "hi"}]).ensemble_inputs()
+    assert plain["logit_bias_ids"] is None and plain["presence_penalty"] is None
+
+
 def test_a_sampled_request_sends_its_nucleus_explicitly():
     """OpenAI samples whenever the temperature is above 0; the ensemble (TensorRT-LLM's semantics) is greedy
     without top_k and top_p, so the endpoint sends top_p 1.0 when the client left it out."""
@@ -176,7 +189,11 @@ def test_chat_without_a_template_is_a_clear_400():
     ({"n": 2}, "n"),
     ({"seed": -1}, "seed"),
     ({"logprobs": 2}, "logprobs"),
-    ({"presence_penalty": 0.5}, "presence_penalty"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"frequency_penalty": -3}, "frequency_penalty"),
+    ({"logit_bias": {"x": 1}}, "logit_bias"),
+    ({"logit_bias": {"5": 101}}, "logit_bias"),
+    ({"extra_body": {"repetition_penalty": 0}}, "repetition_penalty"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"prompt": ["one", "two"]}, "prompt"),
     ({"extra_body": {"frobnicate": 1}}, "frobnicate"),

@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI API subset served here, validated with pydantic (wrong types and values: 400).
 
 Fields OpenAI defines that would change the output in a way this server does not implement (n > 1,
-logprobs, penalties, tools, ...) are accepted only at their no-op value and refused otherwise, never ignored.
+logprobs, tools, ...) are accepted only at their no-op value and refused otherwise, never ignored.
 Unknown fields are refused too. Speculation controls of the ensemble ride along as extension fields.
 """
 
@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 MAX_STOP_SEQUENCES = 4
 MAX_SEED = (1 << 64) - 1
+MAX_LOGIT_BIAS_ENTRIES = 1024
 
 
 class StreamOptions(BaseModel):
@@ -34,9 +35,9 @@ class _Request(BaseModel):
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: Annotated[StrictInt, Field(ge=0, le=MAX_SEED)] | None = None
-    presence_penalty: Literal[0, 0.0] | None = None
-    frequency_penalty: Literal[0, 0.0] | None = None
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2, le=2, allow_inf_nan=False)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2, allow_inf_nan=False)] | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100, allow_inf_nan=False)]] | None = None
     user: str | None = None
     # Extension fields: the ensemble's speculation controls (docs/SPECULATION.md).
     top_k: Annotated[StrictInt, Field(ge=0)] | None = None
@@ -47,6 +48,7 @@ class _Request(BaseModel):
     verify_threshold: Annotated[StrictFloat, Field(gt=0, le=1)] | None = None
     task: Literal["auto", "json", "code", "text"] | None = None
     drafter: str | None = None
+    repetition_penalty: Annotated[float, Field(gt=0, le=1e4, allow_inf_nan=False)] | None = None  # vLLM's extension
 
     @field_validator("stop")
     @classmethod
@@ -62,10 +64,14 @@ class _Request(BaseModel):
 
     @field_validator("logit_bias")
     @classmethod
-    def _logit_bias(cls, value: dict[str, float] | None) -> None:
-        if value:
-            raise ValueError("logit_bias is not supported by this server")
-        return None
+    def _logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        """Keys are token ids (as strings, JSON's object keys); the server checks them against the vocabulary."""
+        for key in value or {}:
+            if not key.isdigit():
+                raise ValueError(f"keys must be token ids, got {key!r}")
+        if value and len(value) > MAX_LOGIT_BIAS_ENTRIES:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS_ENTRIES} entries")
+        return value or None
 
     def stop_sequences(self) -> list[str]:
         return list(self.stop or [])
@@ -84,7 +90,10 @@ class _Request(BaseModel):
             "min_length": self.min_tokens,
             "num_draft_tokens": self.num_draft_tokens, "num_candidates": self.num_candidates,
             "acceptance": self.acceptance, "verify_threshold": self.verify_threshold, "task": self.task,
-            "drafter": self.drafter,
+            "drafter": self.drafter, "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty, "repetition_penalty": self.repetition_penalty,
+            "logit_bias_ids": [int(key) for key in self.logit_bias] if self.logit_bias else None,
+            "logit_bias_values": list(self.logit_bias.values()) if self.logit_bias else None,
         }
 
 

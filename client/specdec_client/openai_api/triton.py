@@ -18,11 +18,11 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from specdec_client.api import INPUT_DTYPES
+from specdec_client.api import INPUT_DTYPES, LIST_INPUT_DTYPES, input_array
 
 STAT_NAMES = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "fallback_active")
 # An error naming one of the ensemble's inputs ("max_tokens: must be in [1, 1024], got 5000") is the client's.
-_FIELD_ERROR = re.compile(r"(?:^|[\s,'])(" + "|".join(["text_input", *INPUT_DTYPES]) + r"): ")
+_FIELD_ERROR = re.compile(r"(?:^|[\s,'])(" + "|".join(["text_input", *INPUT_DTYPES, *LIST_INPUT_DTYPES]) + r"): ")
 _BUSY = ("server busy", "KV slots", "maximum queue size", "queue timeout", "Request timeout expired", "deadline")
 
 
@@ -55,7 +55,10 @@ def classify(message: str) -> int:
 
 
 def _tensor(name: str, value: Any) -> grpcclient.InferInput:
-    array = np.array([[value.encode() if isinstance(value, str) else value]], dtype=INPUT_DTYPES.get(name, np.bool_))
+    if name in LIST_INPUT_DTYPES or name in INPUT_DTYPES:
+        array = input_array(name, value)
+    else:  # the endpoint's own flags (stream, return_num_*_tokens)
+        array = np.array([[value]], dtype=np.bool_)
     tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
     tensor.set_data_from_numpy(array)
     return tensor

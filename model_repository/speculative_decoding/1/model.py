@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from specdec.fallback import FallbackMonitor
 from specdec.generation import DEFAULT_PREFILL_CHUNK, GenerationRequest, GenerationStats, SpeculativeGenerator
 from specdec.kv_memory import DEFAULT_BLOCK_SIZE, KVPoolConfig
 from specdec.liveness import AbandonedGenerations, StopCheck, generation_deadline_s
+from specdec.logits_processing import LogitsOptions
 from specdec.metrics import ACTIVE_REQUESTS, UNKNOWN_TASK, GenerationMetrics, ProcessMetrics, RequestTimer
 from specdec.params import RequestOptions, ServerLimits, parse_request
 from specdec.tokenizer import TextTokenizer
@@ -144,7 +146,9 @@ class TritonPythonModel:
             timer.task = settings.task
             end_ids = frozenset([options.end_id]) if options.end_id is not None else self.tokenizer.end_ids
             generation = GenerationRequest(prompt, options.max_tokens, end_ids, min_tokens=options.min_length,
-                                           settings=settings, sampling=options.sampling)
+                                           settings=settings, sampling=options.sampling,
+                                           logits_options=self._logits_options(options),
+                                           stop_texts=options.stop_words, decode=self.tokenizer.decode)
             self.generator.validate(generation)
             deadline_s = generation_deadline_s(self.max_generation_s, request.timeout())
             async with self.admission.slot(sender.is_cancelled, rows=generation.rows_needed):
@@ -162,6 +166,15 @@ class TritonPythonModel:
             if not isinstance(exc, InvalidRequestError):
                 pb_utils.Logger.log_error(f"speculative_decoding: {type(exc).__name__}: {exc}")
             sender.send(error_response(exc), flags=FINAL)
+
+    def _word_ids(self, words: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+        """Each word as its own token ids (as TensorRT-LLM's preprocessing tokenizes bad_words)."""
+        return tuple(ids for ids in (tuple(self.tokenizer.encode(word, special_tokens=False)) for word in words) if ids)
+
+    def _logits_options(self, options: RequestOptions) -> LogitsOptions:
+        ids = np.asarray([token for token, _ in options.logits.logit_bias], dtype=np.int64)
+        check_token_ids(ids, self.tokenizer.vocab_size, "logit_bias_ids")
+        return replace(options.logits, bad_words=self._word_ids(options.bad_words))
 
     async def _generate(self, sender: Any, generation: GenerationRequest, options: RequestOptions,
                         timer: RequestTimer, deadline_s: float | None) -> str | None:

@@ -25,6 +25,14 @@ class Proposal:
     def is_chain(self) -> bool:
         return all(parent == i - 1 for i, parent in enumerate(self.parents))
 
+    def paths(self) -> list[list[int]]:
+        """The draft tokens each row of its verification continues: [] for the first row (after the last
+        committed token), then for node i the tokens from the root to i, inclusive."""
+        paths: list[list[int]] = [[]]
+        for token, parent in zip(self.tokens, self.parents, strict=True):
+            paths.append(paths[parent + 1] + [token])
+        return paths
+
 
 def proposal_of_tree(tokens: Sequence[int] | np.ndarray, parents: Sequence[int] | np.ndarray) -> Proposal:
     """A deterministic proposal of tree nodes listed parents-first (depth: its longest path)."""
