@@ -116,7 +116,7 @@ def phase_figures(delta: Scrape) -> dict[str, float]:
 
 
 def run_cell(url: str, metrics_url: str | None, prompts: list[dict[str, Any]], mode: str, sampling: str,
-             concurrency: int, requests: int, max_tokens: int) -> Cell:
+             concurrency: int, requests: int, max_tokens: int, stream: bool = False) -> Cell:
     cell = Cell(mode, sampling, concurrency)
     queue = iter(range(requests))
     lock = threading.Lock()
@@ -134,6 +134,8 @@ def run_cell(url: str, metrics_url: str | None, prompts: list[dict[str, Any]], m
                 params["seed"] = 1000 + i
             if mode == "plain":
                 params["num_draft_tokens"] = 0
+            if stream:
+                params["stream"] = True
             result = generate_grpc(url, params)
             with lock:
                 cell.requests += 1
@@ -185,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="plain,speculative")
     parser.add_argument("--sampling", default="greedy", help=f"comma list of {', '.join(SAMPLINGS)}")
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--stream", action="store_true", help="stream each answer (a response per iteration)")
     parser.add_argument("--requests", type=int, default=0,
                         help="requests per cell (default: max(12, 2 x concurrency))")
     parser.add_argument("--out", type=Path, default=Path("bench_results/load_profile"))
@@ -210,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
             count = args.requests or max(12, 2 * concurrency)
             for sampling in samplings:
                 for mode in modes:
-                    cell = run_cell(url, metrics_url, prompts, mode, sampling, concurrency, count, args.max_tokens)
+                    cell = run_cell(url, metrics_url, prompts, mode, sampling, concurrency, count, args.max_tokens,
+                                    args.stream)
                     cells.append(cell)
                     print(json.dumps(cell.summary()), flush=True)
     finally:

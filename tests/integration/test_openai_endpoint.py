@@ -109,6 +109,28 @@ def test_seeded_sampling_repeats(client):
     assert sample(11) == sample(11)
 
 
+def test_n_choices_sample_with_consecutive_seeds(client):
+    """n = 3: three generations; choice i is the n = 1 answer with seed + i."""
+    def sample(seed, n=1):
+        return client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=16, temperature=1.0, top_p=0.95,
+                                         seed=seed, n=n)
+
+    three = sample(21, n=3)
+    singles = [sample(21 + i) for i in range(3)]
+    assert [c.text for c in three.choices] == [single.choices[0].text for single in singles]
+    assert len({c.text for c in three.choices}) > 1
+    assert three.usage.completion_tokens == sum(single.usage.completion_tokens for single in singles)
+
+
+def test_penalties_and_logit_bias_change_the_answer(client, greedy):
+    penalized = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0,
+                                          frequency_penalty=1.5, presence_penalty=0.5)
+    assert penalized.choices[0].text != greedy.text
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, logit_bias={"99999999": 5})
+    assert "logit_bias_ids" in str(info.value)
+
+
 @pytest.mark.parametrize("kwargs, status", [
     ({"temperature": "warm"}, 400),
     ({"max_tokens": 100_000}, 400),  # over the server's max_tokens limit

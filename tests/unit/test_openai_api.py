@@ -86,6 +86,36 @@ def test_completion_text_usage_and_speculation():
     assert (options["seed"], options["temperature"], options["top_p"]) == (7, 0.5, 0.9)
 
 
+def test_n_choices_are_separate_generations_with_their_own_seeds():
+    backend = ScriptedBackend(["Hel", "lo"])
+
+    async def go():
+        client = client_for(backend, FakeTokenizer())
+        text = await client.completions.create(model=MODEL, prompt="p", max_tokens=2, n=3, seed=40, temperature=0.8)
+        chat = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                    max_tokens=2, n=2)
+        stream = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                      max_tokens=2, n=2, stream=True,
+                                                      stream_options={"include_usage": True})
+        chunks = [chunk async for chunk in stream]
+        return text, chat, chunks
+
+    text, chat, chunks = run(go())
+    assert [c.index for c in text.choices] == [0, 1, 2] and all(c.text == "Hello" for c in text.choices)
+    assert [call[2]["seed"] for call in backend.calls[:3]] == [40, 41, 42]
+    assert (text.usage.prompt_tokens, text.usage.completion_tokens) == (5, 6)
+    assert [c.message.content for c in chat.choices] == ["Hello", "Hello"] and chat.usage.completion_tokens == 4
+    by_choice: dict[int, str] = {}
+    finished = set()
+    for chunk in chunks:
+        for c in chunk.choices:
+            by_choice[c.index] = by_choice.get(c.index, "") + (c.delta.content or "")
+            if c.finish_reason:
+                finished.add(c.index)
+    assert by_choice == {0: "Hello", 1: "Hello"} and finished == {0, 1}
+    assert chunks[-1].usage.completion_tokens == 4
+
+
 def test_penalties_and_logit_bias_reach_the_ensemble():
     from specdec_client.openai_api.schemas import ChatCompletionRequest
 
@@ -186,7 +216,8 @@ def test_chat_without_a_template_is_a_clear_400():
     ({"top_p": 0}, "top_p"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"max_tokens": 65}, "max_tokens"),  # over the server's limit
-    ({"n": 2}, "n"),
+    ({"n": 17}, "n"),
+    ({"n": 0}, "n"),
     ({"seed": -1}, "seed"),
     ({"logprobs": 2}, "logprobs"),
     ({"presence_penalty": 2.5}, "presence_penalty"),

@@ -151,6 +151,47 @@ async def _pieces(first: Chunk | None, rest: AsyncIterator[Chunk], outcome: Outc
         await rest.aclose()  # cancels the gRPC call when the generation is not over
 
 
+async def _merged(streams: list[AsyncIterator[str]]) -> AsyncIterator[tuple[int, str | None]]:
+    """(choice, piece) from several choices' pieces as they come, and (choice, None) once a choice is done."""
+    queue: asyncio.Queue[tuple[int, str | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[str]) -> None:
+        try:
+            async for piece in stream:
+                await queue.put((index, piece))
+            await queue.put((index, None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            await queue.put((index, exc))
+
+    tasks = [asyncio.ensure_future(pump(i, stream)) for i, stream in enumerate(streams)]
+    try:
+        remaining = len(streams)
+        while remaining:
+            index, item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            remaining -= item is None
+            yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def _total_speculation(outcomes: list[Outcome]) -> dict[str, Any]:
+    """The `speculation` field over every choice."""
+    each = [outcome.speculation() for outcome in outcomes]
+    if len(each) == 1:
+        return each[0]
+    drafted, accepted = sum(s["draft_tokens"] for s in each), sum(s["accepted_draft_tokens"] for s in each)
+    return {"acceptance_rate": accepted / drafted if drafted else 0.0, "accepted_draft_tokens": accepted,
+            "draft_tokens": drafted, "fallback_active": any(s["fallback_active"] for s in each)}
+
+
+def _total_usage(outcomes: list[Outcome]) -> dict[str, int]:
+    prompt, completion = outcomes[0].prompt_tokens, sum(outcome.completion_tokens for outcome in outcomes)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
 def create_app(backend: Backend, served_model: str = "ensemble", tokenizer: Any = None,
                chat_template: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     """The endpoint over `backend` (TritonBackend, or a fake in unit tests); `tokenizer` renders chat prompts."""
@@ -200,9 +241,10 @@ def create_app(backend: Backend, served_model: str = "ensemble", tokenizer: Any 
             raise APIError(400, f"max_tokens: at most {limit} on this server, got {requested}", param="max_tokens")
         return requested
 
-    async def open_stream(text_input: str, body: _Request, max_tokens: int) -> tuple[Chunk | None, AsyncIterator]:
+    async def open_stream(text_input: str, body: _Request, max_tokens: int,
+                          choice: int = 0) -> tuple[Chunk | None, AsyncIterator]:
         """Start a generation and wait for its first response, so that an error still gets its status code."""
-        stream = backend.stream(text_input, max_tokens, body.ensemble_inputs())
+        stream = backend.stream(text_input, max_tokens, body.ensemble_inputs(choice))
         try:
             return await anext(stream, None), stream
         except BackendError as exc:
@@ -211,6 +253,28 @@ def create_app(backend: Backend, served_model: str = "ensemble", tokenizer: Any 
         except BaseException:
             await stream.aclose()
             raise
+
+    async def open_choices(text_input: str, body: _Request,
+                           max_tokens: int) -> tuple[list[Outcome], list[AsyncIterator[str]]]:
+        """The request's `n` generations, started together: each choice's outcome and text pieces."""
+        opened = await asyncio.gather(*(open_stream(text_input, body, max_tokens, i) for i in range(body.n)),
+                                      return_exceptions=True)
+        failed = [result for result in opened if isinstance(result, BaseException)]
+        if failed:
+            for result in opened:
+                if not isinstance(result, BaseException):
+                    await result[1].aclose()
+            raise failed[0]
+        outcomes = [Outcome(max_tokens) for _ in opened]
+        pieces = [_pieces(first, stream, outcome, body.stop_sequences())
+                  for (first, stream), outcome in zip(opened, outcomes, strict=True)]
+        return outcomes, pieces
+
+    async def collect_all(pieces: list[AsyncIterator[str]]) -> list[str]:
+        async def collect(stream: AsyncIterator[str]) -> str:
+            return "".join([piece async for piece in stream])
+
+        return list(await asyncio.gather(*(collect(stream) for stream in pieces)))
 
     async def until_disconnected(request: Request, work: Any) -> Any:
         """Await `work`; cancel it (and so the generation) when the client goes away first."""
@@ -259,36 +323,35 @@ def create_app(backend: Backend, served_model: str = "ensemble", tokenizer: Any 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Any:
         check_model(body)
-        outcome = Outcome(await token_limit(body.max_tokens, COMPLETION_DEFAULT_MAX_TOKENS))
-        first, stream = await open_stream(body.prompt, body, outcome.max_tokens)
-        pieces = _pieces(first, stream, outcome, body.stop_sequences())
+        max_tokens = await token_limit(body.max_tokens, COMPLETION_DEFAULT_MAX_TOKENS)
+        outcomes, pieces = await open_choices(body.prompt, body, max_tokens)
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
         def envelope(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
             return {"id": rid, "object": "text_completion", "created": created, "model": served_model,
                     "choices": choices, **extra}
 
-        def choice(text: str, finish_reason: str | None) -> dict[str, Any]:
-            return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        def choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
+            return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
 
         if not body.stream:
-            async def collect() -> str:
-                return "".join([piece async for piece in pieces])
-
-            text = await until_disconnected(request, collect())
-            text = body.prompt + text if body.echo else text
-            return envelope([choice(text, outcome.finish_reason)], usage=outcome.usage(),
-                            speculation=outcome.speculation())
+            texts = await until_disconnected(request, collect_all(pieces))
+            return envelope([choice(i, body.prompt + text if body.echo else text, outcome.finish_reason)
+                             for i, (text, outcome) in enumerate(zip(texts, outcomes, strict=True))],
+                            usage=_total_usage(outcomes), speculation=_total_speculation(outcomes))
 
         async def events() -> AsyncIterator[dict[str, Any]]:
             usage = {"usage": None} if body.include_usage() else {}
             if body.echo:
-                yield envelope([choice(body.prompt, None)], **usage)
-            async for piece in pieces:
-                yield envelope([choice(piece, None)], **usage)
-            yield envelope([choice("", outcome.finish_reason)], **usage, speculation=outcome.speculation())
+                yield envelope([choice(i, body.prompt, None) for i in range(body.n)], **usage)
+            async for i, piece in _merged(pieces):
+                if piece is not None:
+                    yield envelope([choice(i, piece, None)], **usage)
+                else:
+                    yield envelope([choice(i, "", outcomes[i].finish_reason)], **usage,
+                                   speculation=outcomes[i].speculation())
             if body.include_usage():
-                yield envelope([], usage=outcome.usage())
+                yield envelope([], usage=_total_usage(outcomes))
 
         return sse(events())
 
@@ -296,9 +359,8 @@ def create_app(backend: Backend, served_model: str = "ensemble", tokenizer: Any 
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
         check_model(body)
         prompt = render_chat(body)
-        outcome = Outcome(await token_limit(body.token_limit(), None))  # OpenAI: as long as allowed
-        first, stream = await open_stream(prompt, body, outcome.max_tokens)
-        pieces = _pieces(first, stream, outcome, body.stop_sequences())
+        max_tokens = await token_limit(body.token_limit(), None)  # OpenAI: as long as allowed
+        outcomes, pieces = await open_choices(prompt, body, max_tokens)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
         def envelope(kind: str, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
@@ -306,27 +368,28 @@ def create_app(backend: Backend, served_model: str = "ensemble", tokenizer: Any 
                     "system_fingerprint": None, **extra}
 
         if not body.stream:
-            async def collect() -> str:
-                return "".join([piece async for piece in pieces])
-
-            text = await until_disconnected(request, collect())
-            message = {"role": "assistant", "content": text}
+            texts = await until_disconnected(request, collect_all(pieces))
             return envelope("chat.completion", [
-                {"index": 0, "message": message, "logprobs": None, "finish_reason": outcome.finish_reason}],
-                usage=outcome.usage(), speculation=outcome.speculation())
+                {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                 "finish_reason": outcome.finish_reason}
+                for i, (text, outcome) in enumerate(zip(texts, outcomes, strict=True))],
+                usage=_total_usage(outcomes), speculation=_total_speculation(outcomes))
 
-        def delta(content: dict[str, Any], finish_reason: str | None) -> list[dict[str, Any]]:
-            return [{"index": 0, "delta": content, "logprobs": None, "finish_reason": finish_reason}]
+        def delta(index: int, content: dict[str, Any], finish_reason: str | None) -> list[dict[str, Any]]:
+            return [{"index": index, "delta": content, "logprobs": None, "finish_reason": finish_reason}]
 
         async def events() -> AsyncIterator[dict[str, Any]]:
             usage = {"usage": None} if body.include_usage() else {}
-            yield envelope("chat.completion.chunk", delta({"role": "assistant", "content": ""}, None), **usage)
-            async for piece in pieces:
-                yield envelope("chat.completion.chunk", delta({"content": piece}, None), **usage)
-            yield envelope("chat.completion.chunk", delta({}, outcome.finish_reason), **usage,
-                           speculation=outcome.speculation())
+            for i in range(body.n):
+                yield envelope("chat.completion.chunk", delta(i, {"role": "assistant", "content": ""}, None), **usage)
+            async for i, piece in _merged(pieces):
+                if piece is not None:
+                    yield envelope("chat.completion.chunk", delta(i, {"content": piece}, None), **usage)
+                else:
+                    yield envelope("chat.completion.chunk", delta(i, {}, outcomes[i].finish_reason), **usage,
+                                   speculation=outcomes[i].speculation())
             if body.include_usage():
-                yield envelope("chat.completion.chunk", [], usage=outcome.usage())
+                yield envelope("chat.completion.chunk", [], usage=_total_usage(outcomes))
 
         return sse(events())
 

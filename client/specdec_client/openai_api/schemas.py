@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 MAX_STOP_SEQUENCES = 4
 MAX_SEED = (1 << 64) - 1
 MAX_LOGIT_BIAS_ENTRIES = 1024
+MAX_CHOICES = 16
 
 
 class StreamOptions(BaseModel):
@@ -30,7 +31,7 @@ class _Request(BaseModel):
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     temperature: Annotated[StrictFloat, Field(ge=0, le=2, allow_inf_nan=False)] | None = None
     top_p: Annotated[StrictFloat, Field(gt=0, le=1, allow_inf_nan=False)] | None = None
-    n: Literal[1] = 1
+    n: Annotated[StrictInt, Field(ge=1, le=MAX_CHOICES)] = 1  # each choice its own generation (and seed)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
@@ -79,14 +80,16 @@ class _Request(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def ensemble_inputs(self) -> dict[str, Any]:
-        """Ensemble inputs this request sets (None: the server's default). OpenAI samples whenever the temperature
-        is above 0; the ensemble follows TensorRT-LLM (top_k and top_p both 0 or absent: greedy), so a sampled
-        request sends its top_p explicitly (1.0: no nucleus)."""
+    def ensemble_inputs(self, choice: int = 0) -> dict[str, Any]:
+        """Ensemble inputs this request sets (None: the server's default) for its choice `choice` (a seeded
+        request's choice i samples with seed + i). OpenAI samples whenever the temperature is above 0; the
+        ensemble follows TensorRT-LLM (top_k and top_p both 0 or absent: greedy), so a sampled request sends its
+        top_p explicitly (1.0: no nucleus)."""
         sampled = self.temperature != 0 and (self.temperature, self.top_p, self.top_k) != (None, None, None)
         top_p = (self.top_p or 1.0) if sampled else self.top_p
         return {
-            "temperature": self.temperature, "top_p": top_p, "seed": self.seed, "top_k": self.top_k,
+            "temperature": self.temperature, "top_p": top_p, "top_k": self.top_k,
+            "seed": None if self.seed is None else (self.seed + choice) % (MAX_SEED + 1),
             "min_length": self.min_tokens,
             "num_draft_tokens": self.num_draft_tokens, "num_candidates": self.num_candidates,
             "acceptance": self.acceptance, "verify_threshold": self.verify_threshold, "task": self.task,

@@ -75,6 +75,40 @@ class Responder:
         ])
 
 
+class ResponseQueue:
+    """A generation's responses, sent in order by a task of their own, off its path to the next target call.
+
+    `send` is a blocking round trip to the server (~1 ms). Sent in line, 64 streams' chunks spread their next
+    target calls over tens of milliseconds, so the wave gate let waves go without their stragglers (mean target
+    batch 42 of 64, 147 tok/s streamed against 239 unstreamed). Queued, every sequence of a wave reaches the
+    gate first (their tasks were scheduled before the sender tasks) and the sends run while the target
+    computes."""
+
+    def __init__(self, sender: Any) -> None:
+        self.sender = sender
+        self.queue: asyncio.Queue[tuple[Any, int] | None] = asyncio.Queue()
+        self.error: BaseException | None = None
+        self.task = asyncio.ensure_future(self._run())
+
+    def put(self, response: Any, flags: int = 0) -> None:
+        self.queue.put_nowait((response, flags))
+
+    async def _run(self) -> None:
+        while (item := await self.queue.get()) is not None:
+            if self.error is None:
+                try:
+                    self.sender.send(item[0], flags=item[1])
+                except Exception as exc:  # the first failure is the generation's; the rest are dropped
+                    self.error = exc
+
+    async def close(self) -> None:
+        """Wait until every queued response is sent; raises the first send's failure."""
+        self.queue.put_nowait(None)
+        await asyncio.shield(self.task)
+        if self.error is not None:
+            raise self.error
+
+
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         params = model_parameters(args)
@@ -202,6 +236,18 @@ class TritonPythonModel:
         reason = None
         detokenizer = IncrementalDetokenizer(self.tokenizer.decode) if options.stream else None
         output: list[int] = []
+        responses = ResponseQueue(sender)
+        try:
+            reason = await self._generate_into(responses, generation, options, timer, responder, stop, detokenizer,
+                                               output)
+        finally:
+            await responses.close()
+        return reason
+
+    async def _generate_into(self, responses: ResponseQueue, generation: GenerationRequest, options: RequestOptions,
+                             timer: RequestTimer, responder: Responder, stop: StopCheck,
+                             detokenizer: IncrementalDetokenizer | None, output: list[int]) -> str | None:
+        reason = None
         async for update in self.generator.generate(generation, responder.generation_id, responder.stats, stop):
             if stop.reason == "deadline":
                 continue  # the last update; the caller answers with an error instead
@@ -215,12 +261,12 @@ class TritonPythonModel:
                 piece = detokenizer.flush()
             if update.finished:
                 prefix, chunk = piece or ([], [])
-                sender.send(responder.response(prefix, chunk, len(chunk)), flags=FINAL)
+                responses.put(responder.response(prefix, chunk, len(chunk)), FINAL)
             elif piece is not None:
-                sender.send(responder.response(*piece, len(piece[1])))
+                responses.put(responder.response(*piece, len(piece[1])))
         if detokenizer is None and stop.reason != "deadline":
             ids = output if options.exclude_input_in_output else generation.prompt_ids + output
-            sender.send(responder.response([], ids, len(output)), flags=FINAL)
+            responses.put(responder.response([], ids, len(output)), FINAL)
         return reason
 
     def finalize(self) -> None:
