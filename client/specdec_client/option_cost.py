@@ -1,0 +1,72 @@
+"""`option-cost`: what a request option costs at concurrency 1 (issue: none should cost more than 10%).
+
+Each held-out chat request (`prompts/bench_chat.json`, the first `--per-domain` of each domain) is sent once
+without options and once with each option, back to back, through gRPC, unstreamed, at the default profiles
+(greedy unless an option samples); prints output tokens/s per option and its ratio to no option.
+
+    python -m specdec_client.option_cost --start-server
+    python -m specdec_client.option_cost --url 127.0.0.1:8001 --per-domain 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from specdec_client.api import generate_grpc
+from specdec_client.bench_prompts import CHAT_PROMPTS_FILE
+from specdec_client.server import DEFAULT_MODEL_REPOSITORY, start_on_free_ports
+
+OPTIONS: dict[str, dict[str, Any]] = {
+    "none": {},
+    "frequency_penalty 0.3": {"frequency_penalty": 0.3},
+    "presence_penalty 0.3": {"presence_penalty": 0.3},
+    "repetition_penalty 1.1": {"repetition_penalty": 1.1},
+    "logit_bias (one token -100)": {"logit_bias_ids": [0], "logit_bias_values": [-100.0]},
+    "bad_words": {"bad_words": ["never appears here"]},
+    "stop_words": {"stop_words": ["never appears here"]},
+}
+
+
+def measure(url: str, per_domain: int, max_tokens: int) -> dict[str, tuple[int, float]]:
+    scenarios = json.loads(CHAT_PROMPTS_FILE.read_text())["scenarios"]
+    requests = [(s["task"], p["prompt"]) for s in scenarios.values() for p in s["prompts"][:per_domain]]
+    totals = {name: (0, 0.0) for name in OPTIONS}
+    for task, prompt in requests:
+        for name, extra in OPTIONS.items():
+            result = generate_grpc(url, {"text_input": prompt, "max_tokens": max_tokens, "task": task,
+                                         "exclude_input_in_output": True, **extra})
+            tokens, seconds = totals[name]
+            totals[name] = (tokens + result.num_output_tokens, seconds + result.latency_s)
+    return totals
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", help="gRPC host:port of a running server")
+    parser.add_argument("--start-server", action="store_true")
+    parser.add_argument("--model-repository", type=Path, default=DEFAULT_MODEL_REPOSITORY)
+    parser.add_argument("--per-domain", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    args = parser.parse_args(argv)
+    if not args.url and not args.start_server:
+        parser.error("give --url or --start-server")
+    log = Path(tempfile.gettempdir()) / "option_cost_server.log"
+    server = start_on_free_ports(args.model_repository, log) if args.start_server else None
+    try:
+        totals = measure(server.grpc_url if server else args.url, args.per_domain, args.max_tokens)
+    finally:
+        if server is not None:
+            server.stop()
+    base = totals["none"][0] / totals["none"][1]
+    print("| option | output tok/s | ÷ none | output tokens |\n| --- | --- | --- | --- |")
+    for name, (tokens, seconds) in totals.items():
+        print(f"| {name} | {tokens / seconds:.1f} | {tokens / seconds / base:.2f}× | {tokens} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
