@@ -3,8 +3,9 @@
 transformers reads GGUF (``from_pretrained(folder, gguf_file=NAME)``, with the ``gguf`` package) and
 dequantizes the weights, but then refuses ``save_pretrained`` because the model is flagged as
 gguf-quantized. So the state dict is copied into a fresh model of the same class built from the plain
-config (the quantization entry removed) and saved from there, in bf16 by default (the dequantized
-values of a 4-bit file lose nothing in bf16, and it halves the folder).
+config (the quantization entry removed) and saved from there, in bf16 by default (half the folder; bf16
+rounds the dequantized values, but the onnxruntime runtime serves such a folder from the GGUF file's own
+blocks and exact values, `specdec.runtime.gguf_blocks`, found through the path `gguf_source.json` records).
 
 Usage: ``python build/gguf_convert.py FILE.gguf OUT_DIR [--dtype bfloat16|float16|float32]``
 """
@@ -20,14 +21,10 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from specdec.runtime.gguf_blocks import GGUF_SOURCE_FILE as CONVERTED_MARK  # written last: the folder is complete
+from specdec.runtime.gguf_blocks import source_record
+
 DTYPES = ("bfloat16", "float16", "float32")
-CONVERTED_MARK = "gguf_source.json"  # written last: its presence means the folder is complete
-
-
-def source_record(gguf_file: Path) -> dict:
-    """What identifies a GGUF file cheaply (name, size, mtime): a changed file is converted again."""
-    stat = gguf_file.stat()
-    return {"gguf_file": gguf_file.name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
 def is_converted(gguf_file: Path, out_dir: Path, dtype: str) -> bool:

@@ -35,10 +35,11 @@ TEMPLATE_REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
 
 HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
             "special_tokens_map.json", "chat_template.jinja", "tokenizer.model", "vocab.json", "merges.txt",
-            "added_tokens.json", "proposal_vocab.json")  # the last: a draft's restricted output layer (draft_vocab.py)
+            "added_tokens.json", "proposal_vocab.json",  # a draft's restricted output layer (draft_vocab.py)
+            "gguf_source.json")  # a converted GGUF file's path: the onnxruntime runtime serves its blocks
 WEIGHT_GLOBS = ("*.safetensors", "model.safetensors.index.json")
 # What a repository template copy leaves out: checkpoints, their exports, and generated files.
-NOT_SERVING = ("*.safetensors", "*.safetensors.index.json", "onnx", "__pycache__", "gguf_source.json", *HF_FILES)
+NOT_SERVING = ("*.safetensors", "*.safetensors.index.json", "onnx", "__pycache__", *HF_FILES)
 
 
 class IncompatibleCheckpoints(ValueError):

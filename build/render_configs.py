@@ -122,7 +122,7 @@ def decoder_config(name: str, role: str, dep: dict) -> mc.ModelConfig:
         idle_timeout_s=kv["idle_timeout_s"],
         num_threads=model.get("num_threads", 1),
     )
-    if model.get("weight_quantization"):  # a drafter's 8-bit weights (docs/SPECULATION.md)
+    if model.get("weight_quantization"):  # a drafter's 8-bit weights, the target's GGUF blocks (auto)
         check_weight_quantization(role, runtime, model["weight_quantization"])
         _params(cfg, weight_quantization=model["weight_quantization"])
     if runtime == "tensorrt" or "engine_dir" in model:  # tensorrt: where docker/entrypoint.sh puts the engines

@@ -1,8 +1,9 @@
 """The real default pair through a real tritonserver: SmolLM2-135M-Instruct and the draft trained for it.
 
 Chat requests (the target's own chat template) in the three domains, none of them a training request:
-speculative greedy decoding equals plain greedy decoding equals Hugging Face ``generate(do_sample=False)``
-token for token, streaming too.
+speculative greedy decoding equals plain greedy decoding token for token, streaming too; plain decoding is the
+served graph's (the target's own GGUF blocks) decoded in process, and the conversion's fp32 export equals
+Hugging Face ``generate(do_sample=False)``.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -85,17 +87,51 @@ def test_chat_template_text_tokenizes_like_the_template(tokenizer, chat_prompts)
             assert served.encode(prompt) == list(ids)
 
 
-def test_plain_greedy_equals_hugging_face_generate(tokenizer, chat_prompts, plain) -> None:
+def _greedy_in_process(runtime, ids: list[int], end_ids: frozenset[int]) -> list[int]:
+    """Plain greedy decoding on one slot of an onnxruntime runtime, in this process."""
+    from specdec.runtime.base import ForwardItem
+
+    logits, out = runtime.forward([ForwardItem(0, 0, np.asarray(ids))])[0], []
+    while len(out) < MAX_TOKENS:
+        out.append(int(logits[-1].argmax()))
+        if out[-1] in end_ids:
+            break
+        logits = runtime.forward([ForwardItem(0, len(ids) + len(out) - 1, np.asarray(out[-1:]))])[0]
+    return out
+
+
+def test_the_target_is_served_from_its_gguf_blocks_and_plain_greedy_is_that_graphs(tokenizer, chat_prompts,
+                                                                                     plain) -> None:
+    """The default target came from a Q4_1 GGUF file, so it is served from that file's blocks (weight_quantization
+    auto); the server's plain greedy answers are that graph's, decoded in this process."""
+    from specdec.checkpoint import read_end_ids
+    from specdec.runtime import choose_weights
+    from specdec.runtime.onnx_llama import OnnxLlamaRuntime
+
+    assert choose_weights("target", "onnxruntime", "auto", TARGET_DIR)[0] == "gguf"
+    runtime = OnnxLlamaRuntime(TARGET_DIR, num_slots=1, num_threads=2, weight_quantization="gguf")
+    end_ids = read_end_ids(TARGET_DIR)
+    for _, prompt in chat_prompts:
+        ids = tokenizer(prompt, add_special_tokens=False).input_ids
+        expected = tokenizer.decode(_greedy_in_process(runtime, ids, end_ids), skip_special_tokens=True)
+        assert plain[prompt].text == expected, prompt
+        assert plain[prompt].text.strip(), f"empty answer to {prompt!r}"
+
+
+def test_the_fp32_export_equals_hugging_face_generate(tokenizer, chat_prompts) -> None:
+    """weight_quantization none serves the conversion's fp32 export: Hugging Face's greedy answers."""
+    from specdec.checkpoint import read_end_ids
+    from specdec.runtime.onnx_llama import OnnxLlamaRuntime
+
     model = AutoModelForCausalLM.from_pretrained(TARGET_DIR, dtype=torch.float32).eval()
-    eos = model.generation_config.eos_token_id
+    runtime = OnnxLlamaRuntime(TARGET_DIR, num_slots=1, num_threads=2)
+    end_ids = read_end_ids(TARGET_DIR)
     for _, prompt in chat_prompts:
         ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
         with torch.no_grad():
             out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS,
-                                 do_sample=False, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
-        expected = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
-        assert plain[prompt].text == expected, prompt
-        assert plain[prompt].text.strip(), f"empty answer to {prompt!r}"
+                                 do_sample=False, eos_token_id=sorted(end_ids), pad_token_id=tokenizer.pad_token_id)
+        assert _greedy_in_process(runtime, ids[0].tolist(), end_ids) == out[0, ids.shape[1]:].tolist(), prompt
 
 
 @pytest.mark.parametrize("num_draft_tokens", [None, 4])

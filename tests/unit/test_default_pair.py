@@ -95,7 +95,7 @@ def test_proposal_vocabulary_is_a_real_subset() -> None:
 
 def test_import_a_gguf_target_into_a_new_repository(tmp_path: Path) -> None:
     """`build/import_checkpoint.py --target FILE.gguf --draft DIR --repo NEW`: a repository of its own, made from
-    the project's configs and model.py files, with the GGUF converted on the way."""
+    the project's configs and model.py files, with the GGUF converted on the way and its blocks served."""
     from import_checkpoint import import_pair
 
     repo = tmp_path / "my_repository"
@@ -108,6 +108,10 @@ def test_import_a_gguf_target_into_a_new_repository(tmp_path: Path) -> None:
     installed = json.loads((TARGET / "config.json").read_text())
     installed.pop("specdec_feature_layers", None)  # written by build/default_model.py for the installed head
     assert converted == installed
+    from specdec.runtime import choose_weights  # served from the file's own blocks, found through gguf_source.json
+
+    assert choose_weights("target", "onnxruntime", "auto", repo / "target_model" / "1")[0] == "gguf"
+    assert choose_weights("draft", "onnxruntime", "auto", repo / "draft_model" / "1")[0] is None
     with pytest.raises(FileExistsError):
         from import_checkpoint import new_repository
 

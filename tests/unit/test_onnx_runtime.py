@@ -196,3 +196,19 @@ def test_a_decode_step_gives_the_logits_of_a_verification_pass_bit_for_bit(tmp_p
     assert np.array_equal(steps, verify), f"max |diff| {np.abs(steps - verify).max()}"
     batched = runtime.forward([ForwardItem(slot, past, ids[past:past + 1]) for slot in (1, 2)])
     assert all(np.array_equal(out[0], verify[0]) for out in batched)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_tree_node_gets_the_logits_of_the_same_tokens_in_a_chain_bit_for_bit(tmp_path, threads):
+    """A tree node's ancestors sit at other cache rows than in a chain (siblings between them): the graph's softmax
+    sums by a matrix product, in key order, so the masked rows between change nothing (docs/SPECULATION.md)."""
+    runtime = OnnxLlamaRuntime(TARGET, num_slots=2, max_length=128, num_threads=threads, engine_dir=tmp_path)
+    ids = np.random.default_rng(2).integers(3, runtime.vocab_size, 50)
+    past = 40
+    for slot in range(2):
+        runtime.forward([ForwardItem(slot, 0, ids[:past])])
+    chain = runtime.forward([ForwardItem(0, past, ids[past:past + 3], num_logits=3)])[0]
+    # node 0 = ids[40], node 1 a sibling, node 2 = ids[41] under node 0, node 3 a sibling of it, node 4 = ids[42]
+    nodes = np.array([ids[past], 7, ids[past + 1], 11, ids[past + 2]])
+    tree = runtime.forward([ForwardItem(1, past, nodes, num_logits=5, tree_parents=np.array([-1, -1, 0, 0, 2]))])[0]
+    np.testing.assert_array_equal(tree[[0, 2, 4]], chain)

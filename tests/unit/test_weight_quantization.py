@@ -20,7 +20,7 @@ from specdec.config import SpeculationSettings  # noqa: E402
 from specdec.engines import DraftEngine, TargetEngine  # noqa: E402
 from specdec.generation import GenerationRequest, GenerationStats, SpeculativeGenerator  # noqa: E402
 from specdec.inprocess import InProcessBackend  # noqa: E402
-from specdec.runtime import build_runtime, check_weight_quantization  # noqa: E402
+from specdec.runtime import build_runtime, check_weight_quantization, choose_weights  # noqa: E402
 from specdec.runtime.base import ForwardItem  # noqa: E402
 from specdec.runtime.graph_contract import ONNX_FILE, read_graph_metadata  # noqa: E402
 from specdec.runtime.onnx_llama import OnnxLlamaRuntime, onnx_file, resolve_onnx  # noqa: E402
@@ -107,17 +107,29 @@ def test_only_a_drafter_on_onnxruntime_can_be_quantized(tiny_pair):
         check_weight_quantization("target", "onnxruntime", "int8")
     with pytest.raises(ValueError, match="onnxruntime option"):
         check_weight_quantization("draft", "tensorrt", "int8")
+    check_weight_quantization("target", "onnxruntime", "gguf")  # its own precision
     with pytest.raises(ValueError, match="one of int8"):
         check_weight_quantization("draft", "onnxruntime", "int4")
     with pytest.raises(ValueError, match="onnxruntime option"):
         build_runtime("torch", tiny_pair[1], num_slots=1, max_length=16, weight_quantization="int8")
 
 
+def test_auto_serves_a_checkpoint_at_its_own_precision(tiny_pair):
+    """auto (the default): a folder converted from a GGUF file that is still there is served from its blocks;
+    any other checkpoint as exported. `none` keeps the export; `gguf` without a file behind it is an error."""
+    target = tiny_pair[0]
+    assert choose_weights("target", "onnxruntime", None, target)[0] is None
+    assert choose_weights("target", "onnxruntime", "none", target)[0] is None
+    assert choose_weights("eagle", "onnxruntime", "int8", target)[0] == "int8"
+    with pytest.raises(ValueError, match="not converted from a GGUF file"):
+        choose_weights("target", "onnxruntime", "gguf", target)
+
+
 def test_a_deployment_quantizing_its_target_does_not_render():
     deployment = yaml.safe_load((REPO / "build/deployments/cpu.yaml").read_text())
     rendered = render_configs.render(deployment)
     assert rendered["eagle_draft"].parameters["weight_quantization"].string_value == "int8"
-    assert "weight_quantization" not in rendered["target_model"].parameters
+    assert rendered["target_model"].parameters["weight_quantization"].string_value == "auto"
     bad = copy.deepcopy(deployment)
     bad["models"]["target_model"]["weight_quantization"] = "int8"
     with pytest.raises(ValueError, match="drafters only"):

@@ -16,7 +16,7 @@ def build_runtime(kind: str, model_dir: str | Path, num_slots: int, max_length: 
     """`engine_dir`: the runtime's compiled artefact (onnxruntime: where the ONNX export is kept, default
     beside the checkpoint; tensorrt: the folder build/build_engines.py wrote the plan to; required).
     `num_blocks` x `block_size` rows: the KV pool (specdec.kv_memory; None: every slot at full length).
-    `weight_quantization` (onnxruntime only, drafters only: `check_weight_quantization`): e.g. "int8"."""
+    `weight_quantization` (onnxruntime only: `check_weight_quantization`): "int8" (drafters), "gguf"."""
     pool = {"num_blocks": num_blocks, "block_size": block_size}
     if weight_quantization and kind != "onnxruntime":
         raise ValueError(f"weight_quantization is an onnxruntime option; the {kind} runtime serves the "
@@ -43,16 +43,42 @@ def build_runtime(kind: str, model_dir: str | Path, num_slots: int, max_length: 
     raise ValueError(f"unknown runtime {kind!r}; choose one of {', '.join(RUNTIMES)}")
 
 
+AUTO, NO_QUANTIZATION = "auto", "none"  # weight_quantization: the checkpoint's own precision; the fp32 export
+
+
 def check_weight_quantization(role: str, runtime: str, weight_quantization: str | None) -> None:
-    """Refuse a quantization a decoder cannot have: only a drafter's (role draft or eagle) weights may be
-    quantized, whose proposals the full-precision target checks; the target's logits are the output, and
-    greedy speculation must equal plain decoding and Hugging Face's. The onnxruntime runtime only."""
-    if not weight_quantization:
+    """Refuse a quantization a decoder cannot have: a drafter's (role draft or eagle) weights may be quantized
+    ("int8"), whose proposals the target checks; the target's logits are the output, so it is served at its
+    checkpoint's own precision only ("gguf": the blocks of the GGUF file it was converted from; "auto" picks
+    that where there is one). The onnxruntime runtime only."""
+    if not weight_quantization or weight_quantization in (AUTO, NO_QUANTIZATION):
         return
-    if role == "target":
-        raise ValueError("weight_quantization applies to drafters only: the target's weights define the output")
+    from specdec.runtime.onnx_llama import GGUF, require_known
+
+    if role == "target" and weight_quantization != GGUF:
+        raise ValueError(f"weight_quantization {weight_quantization!r} applies to drafters only: the target's "
+                         f"weights define the output (it may be served from its own GGUF blocks: {GGUF!r})")
     if runtime != "onnxruntime":
         raise ValueError(f"weight_quantization is an onnxruntime option, not {runtime}'s")
-    from specdec.runtime.onnx_llama import require_known
-
     require_known(weight_quantization)
+
+
+def choose_weights(role: str, runtime: str, weight_quantization: str | None,
+                   model_dir: str | Path) -> tuple[str | None, str]:
+    """The weight quantization a decoder is served with (None: its export as it is) and why, from the
+    deployment's setting (absent: "auto") and the checkpoint."""
+    from specdec.runtime.gguf_blocks import gguf_source
+
+    check_weight_quantization(role, runtime, weight_quantization)
+    setting = weight_quantization or AUTO
+    if setting == NO_QUANTIZATION:
+        return None, "weight_quantization none: the export as it is"
+    source = gguf_source(model_dir) if runtime == "onnxruntime" else None
+    if setting == AUTO:
+        if source is None:
+            return None, f"auto: the checkpoint's own weights ({runtime}), no GGUF file behind it"
+        return "gguf", f"auto: the checkpoint was converted from {source[0]}, served from that file's blocks"
+    if setting == "gguf" and source is None:
+        raise ValueError(f"weight_quantization gguf: {model_dir} was not converted from a GGUF file that is still "
+                         "there (build/gguf_convert.py records it in gguf_source.json)")
+    return setting, f"weight_quantization {setting}, set by the deployment"

@@ -23,7 +23,8 @@ from specdec.checkpoint import PROPOSAL_VOCAB_FILE, ModelSpec, read_proposal_voc
 # (the default target, 16 decode steps at context 200 in one forward: 168 -> 75 ms on the 2-core CPU).
 # 7: the new tokens' keys written at their own cache rows (input new_rows) instead of appended after the
 # past: a sequence's logits are the same bit for bit in any batch and any gathered width.
-GRAPH_VERSION = 7
+# 8: the softmax's sum as a matrix product (a tree node's logits equal a chain's bit for bit).
+GRAPH_VERSION = 8
 PRECISIONS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # TensorRT build flag -> graph dtype
 DEFAULT_PRECISION = "fp16"
 STEP_INPUTS = ("input_ids", "position_ids", "attention_mask", "logit_rows", "new_rows")

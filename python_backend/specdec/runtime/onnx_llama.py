@@ -6,9 +6,11 @@ Hugging Face checkpoint: the first load exports (about a second for the default 
 `<model_dir>/onnx/` if that folder is writable, else into `$SPECDEC_ONNX_CACHE` (default
 `~/.cache/specdec/onnx/<fingerprint>`). `build/export_onnx.py` does the same ahead of time.
 
-A drafter's graph can be served with 8-bit weights (`weight_quantization="int8"`, made from the fp32 export
-beside it on first load, `decoder.int8.onnx`): its proposals are checked by the full-precision target, so
-outputs do not change, only how often a proposal is accepted (docs/SPECULATION.md, "An int8 EAGLE head").
+Weight quantizations (`weight_quantization`, each graph made from the fp32 export beside it on first load):
+- "gguf": a checkpoint converted from a GGUF file is served from that file's own quantized blocks
+  (`decoder.gguf.onnx`, specdec.runtime.gguf_blocks): the checkpoint's own precision, target included;
+- "int8": a drafter's 8-bit weights (`decoder.int8.onnx`): its proposals are checked by the target, so
+  outputs do not change, only how often a proposal is accepted (docs/SPECULATION.md, "An int8 EAGLE head").
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from specdec.checkpoint import read_proposal_vocab, read_spec
+from specdec.runtime.gguf_blocks import GGUF_SOURCE_FILE, REVISION, REVISION_KEY, gguf_source, quantize_from_gguf
 from specdec.runtime.graph_contract import (
     META_PREFIX,
     ONNX_FILE,
@@ -36,8 +39,9 @@ from specdec.runtime.graph_runtime import NUMPY_DTYPES, SlottedGraphRuntime
 
 log = logging.getLogger(__name__)
 
-# Weight quantizations of a step graph: name -> (bits, block size along a weight's input dimension).
+# Weight quantizations of a step graph made here: name -> (bits, block size along a weight's input dimension).
 WEIGHT_QUANTIZATIONS = {"int8": (8, 32)}
+GGUF = "gguf"  # the checkpoint's own GGUF blocks (specdec.runtime.gguf_blocks)
 QUANTIZATION_KEY = "weight_quantization"  # in a quantized graph's specdec.* metadata
 
 
@@ -64,13 +68,15 @@ def export_is_current(onnx_path: Path, model_dir: str | Path, dtype: str,
         return False
     wanted = graph_metadata(model_dir, dtype, int(found.get("max_positions", 0)))
     wanted[QUANTIZATION_KEY] = weight_quantization or ""
+    if weight_quantization == GGUF:
+        wanted[REVISION_KEY] = str(REVISION)
     return all(found.get(key, "") == value for key, value in wanted.items())
 
 
 def require_known(weight_quantization: str) -> None:
     """Refuse a weight quantization this runtime does not make."""
-    if weight_quantization not in WEIGHT_QUANTIZATIONS:
-        raise ValueError(f"weight_quantization must be one of {', '.join(WEIGHT_QUANTIZATIONS)}, "
+    if weight_quantization not in (*WEIGHT_QUANTIZATIONS, GGUF):
+        raise ValueError(f"weight_quantization must be one of {', '.join((*WEIGHT_QUANTIZATIONS, GGUF))}, "
                          f"not {weight_quantization!r}")
 
 
@@ -114,6 +120,17 @@ def quantize_graph(source: Path, out_path: Path, weight_quantization: str) -> Pa
     return out_path
 
 
+def gguf_graph(model_dir: str | Path, source: Path, out_path: Path) -> Path:
+    """Write `source` (the fp32 export of a folder converted from a GGUF file) served from the file's blocks."""
+    found = gguf_source(model_dir)
+    if found is None:
+        raise ValueError(f"{model_dir} was not converted from a GGUF file that is still there "
+                         f"({GGUF_SOURCE_FILE} names none): weight_quantization {GGUF!r} needs one")
+    gguf_path, folder_dtype = found
+    quantize_from_gguf(source, gguf_path, folder_dtype, out_path, {META_PREFIX + QUANTIZATION_KEY: GGUF})
+    return out_path
+
+
 def default_onnx_dirs(model_dir: str | Path) -> list[Path]:
     """Where an export of `model_dir` is looked for and written, in order."""
     cache_root = os.environ.get("SPECDEC_ONNX_CACHE") or Path.home() / ".cache" / "specdec" / "onnx"
@@ -143,7 +160,10 @@ def resolve_onnx(model_dir: str | Path, engine_dir: str | Path | None = None, dt
                     export_decoder(model_dir, source, dtype=dtype)
                 if weight_quantization and not export_is_current(path, model_dir, dtype, weight_quantization):
                     log.info("quantizing %s to %s (%s weights)", source, path, weight_quantization)
-                    quantize_graph(source, path, weight_quantization)
+                    if weight_quantization == GGUF:
+                        gguf_graph(model_dir, source, path)
+                    else:
+                        quantize_graph(source, path, weight_quantization)
             return path
         except OSError as exc:  # read-only model folder: try the next place
             errors.append(f"{folder}: {exc}")

@@ -97,6 +97,8 @@ class LlamaStepGraph(torch.nn.Module):
         for i, layer in enumerate(w.layers):
             for key, tensor in layer.items():
                 self.register_buffer(f"l{i}_{key}", tensor)  # None (no node) where the family has none
+        # The softmax's sums (forward): 16 columns, the width of a product kernel's vector, not a GEMV's single one.
+        self.register_buffer("ones", torch.ones(max_positions, 16, dtype=dtype))
         cos, sin = spec.rope_tables(max_positions)
         self.register_buffer("rope_cos", cos.to(dtype))
         self.register_buffer("rope_sin", sin.to(dtype))
@@ -156,8 +158,14 @@ class LlamaStepGraph(torch.nn.Module):
             scores = _cast(torch.matmul(q * scale, keys.transpose(2, 3)), torch.float32)
             scores = scores.reshape(kv_heads, batch, group, width + 1, -1)
             scores = torch.where(mask, scores, torch.finfo(torch.float32).min)
-            probs = _cast(torch.softmax(scores, dim=-1), self.dtype).reshape(kv_heads, batch, group * (width + 1), -1)
-            attn = torch.matmul(probs, values).reshape(kv_heads, batch, group, width + 1, s.head_dim)
+            # Softmax with its sum taken by a matrix product: a tree node's ancestors sit at other cache rows
+            # than the same tokens in a chain, and a vectorized sum over key rows (onnxruntime's Softmax) rounds
+            # by where each term falls; a product accumulates over the key rows in order, so masked rows (exactly
+            # 0) between the visible ones change nothing and a tree node gets a chain's logits bit for bit.
+            weights = torch.exp(scores - scores.amax(-1, keepdim=True))
+            weights = _cast(weights, self.dtype).reshape(kv_heads, batch, group * (width + 1), -1)
+            total = torch.matmul(weights, self.ones[:weights.shape[-1]])[..., :1]  # [.., rows, 1]
+            attn = (torch.matmul(weights, values) / total).reshape(kv_heads, batch, group, width + 1, s.head_dim)
             attn = attn[:, :, :, :width].permute(1, 3, 0, 2, 4).reshape(batch, width, q_size)
             hidden = hidden + F.linear(attn, layer("o"), layer("o_bias"))
             x = _rms_norm(hidden, layer("mlp_norm"), s.rms_norm_eps)
