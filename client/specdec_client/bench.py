@@ -358,11 +358,13 @@ def gpu_names() -> list[str]:
 
 
 def served_runtime(pbtxt: Path) -> dict[str, str | None]:
-    """The runtime and instance kind a rendered config.pbtxt gives its decoder."""
+    """The runtime, weight quantization and instance kind a rendered config.pbtxt gives its decoder."""
     text = pbtxt.read_text() if pbtxt.exists() else ""
     runtime = re.search(r'key: "runtime"\s*value \{\s*string_value: "(\w+)"', text)
+    weights = re.search(r'key: "weight_quantization"\s*value \{\s*string_value: "(\w+)"', text)
     kind = re.search(r"kind: (KIND_\w+)", text)
-    return {"runtime": runtime.group(1) if runtime else None, "kind": kind.group(1) if kind else None}
+    return {"runtime": runtime.group(1) if runtime else None, "kind": kind.group(1) if kind else None,
+            "weight_quantization": weights.group(1) if weights else None}
 
 
 def machine_info(model_repository: Path = REPO_ROOT / "model_repository") -> dict[str, Any]:

@@ -610,8 +610,10 @@ def start_ours(args: argparse.Namespace, logs: Path) -> Engine:
         if lean_dir is not None:
             shutil.rmtree(lean_dir, ignore_errors=True)
 
-    runtime = served_runtime(args.model_repository / "target_model" / "config.pbtxt").get("runtime") or "?"
-    return Engine(OURS, f"ours ({runtime} target from the bf16 HF folder, speculative profiles)", endpoint.base_url,
+    served = served_runtime(args.model_repository / "target_model" / "config.pbtxt")
+    weights = served.get("weight_quantization") or "auto"  # auto: the GGUF file's blocks where there is one
+    return Engine(OURS, f"ours ({served.get('runtime') or '?'} target, weight_quantization {weights}, speculative "
+                  "profiles)", endpoint.base_url,
                   OURS_MODEL, server.command(), pids, stop)
 
 

@@ -20,16 +20,30 @@ from specdec.runtime.gguf_blocks import (
     source_record,
 )
 
-TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+
+
+def _raw_k_quant(kind: GGMLQuantizationType, rows: int, supers: int) -> np.ndarray:
+    """Random K-quant super-blocks (the gguf package dequantizes them but does not make them): random bytes,
+    with sane f16 scales where the layout keeps them."""
+    block_bytes = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[kind.name]
+    raw = np.random.default_rng(7).integers(0, 256, (rows, supers, block_bytes), dtype=np.uint8)
+    halves = np.random.default_rng(8).uniform(0.001, 0.05, (rows, supers, 2)).astype(np.float16).view(np.uint8)
+    where = slice(208, 210) if kind.name == "Q6_K" else slice(0, 4)
+    raw[..., where] = halves.reshape(rows, supers, -1)[..., :where.stop - where.start]
+    return raw.reshape(rows, -1)
 
 
 @pytest.mark.parametrize("type_name", TYPES)
 def test_each_block_type_reads_to_the_values_gguf_dequantizes(type_name: str) -> None:
     kind = GGMLQuantizationType[type_name]
-    rows = np.random.default_rng(0).standard_normal((5, 96)).astype(np.float32)
-    raw = quants.quantize(rows, kind)
+    if type_name.endswith("_K"):
+        raw = _raw_k_quant(kind, 5, 2)
+    else:
+        raw = quants.quantize(np.random.default_rng(0).standard_normal((5, 96)).astype(np.float32), kind)
     blocks = read_blocks(raw.reshape(5, -1), type_name)
     assert blocks.bits == (4 if type_name.startswith("Q4") else 8)
+    assert blocks.block == (16 if type_name == "Q6_K" else 32)
     expected = quants.dequantize(raw, kind)
     if blocks.minimums is None:
         np.testing.assert_array_equal(blocks.dequantize(), expected)
@@ -40,7 +54,14 @@ def test_each_block_type_reads_to_the_values_gguf_dequantizes(type_name: str) ->
 
 
 def test_types_without_a_block_reader_are_left_alone() -> None:
-    assert read_blocks(np.zeros((2, 8), np.uint8), "Q6_K") is None
+    assert read_blocks(np.zeros((2, 8), np.uint8), "IQ4_XS") is None
+
+
+def test_blocks_of_different_sizes_split_to_the_smaller() -> None:
+    q4k = read_blocks(_raw_k_quant(GGMLQuantizationType.Q4_K, 3, 1), "Q4_K")
+    halves = q4k.split(16)
+    assert halves.block == 16 and halves.scales.shape == (3, 16)
+    np.testing.assert_array_equal(halves.dequantize(), q4k.dequantize())
 
 
 def test_bf16_rounding_is_round_to_nearest_even() -> None:
@@ -153,3 +174,35 @@ def test_gguf_source_finds_the_file_only_while_it_is_unchanged(tmp_path, gguf_fi
     assert gguf_source(folder) == (gguf_path.resolve(), "bfloat16")
     gguf_path.write_bytes(gguf_path.read_bytes() + b"\0")
     assert gguf_source(folder) is None
+
+
+def test_a_product_over_k_quants_of_two_block_sizes(tmp_path) -> None:
+    """Q4_K (sub-blocks of 32, minimums) beside Q6_K (sub-blocks of 16) in one fused weight: one 8-bit
+    MatMulNBits over blocks of 16, the minimums' product beside it."""
+    kinds = {"kq4": GGMLQuantizationType.Q4_K, "kq6": GGMLQuantizationType.Q6_K}
+    raws = {name: _raw_k_quant(kind, 24, 1) for name, kind in kinds.items()}
+    path = tmp_path / "k.gguf"
+    writer = GGUFWriter(str(path), "llama")
+    exact = {}
+    for name, raw in raws.items():
+        kind = kinds[name]
+        writer.add_tensor(name, raw, raw_dtype=kind)
+        exact[name] = quants.dequantize(raw, kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    fused = np.concatenate([exact["kq4"], exact["kq6"]])  # [48, 256]
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "k",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 256])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(rounding("bfloat16")(fused.T.copy()), "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "k.onnx"))
+    report = quantize_from_gguf(tmp_path / "k.onnx", path, "bfloat16", tmp_path / "k.gguf.onnx")
+    assert report.quantized == {"8-bit": 1}
+    node = next(n for n in onnx.load(str(tmp_path / "k.gguf.onnx")).graph.node if n.op_type == "MatMulNBits")
+    assert {a.name: a.i for a in node.attribute}["block_size"] == 16
+    x = np.random.default_rng(9).standard_normal((2, 256)).astype(np.float32)
+    y = ort.InferenceSession(str(tmp_path / "k.gguf.onnx"), providers=["CPUExecutionProvider"]).run(["y"], {"x": x})[0]
+    expected = x @ fused.T
+    assert np.abs(y - expected).max() < 0.02 * np.abs(expected).max()

@@ -4,11 +4,12 @@ A GGUF file is converted into a Hugging Face folder (build/gguf_convert.py) beca
 drafters and the fp32 export need one; that folder holds the dequantized weights rounded to its dtype. This
 module turns the fp32 step graph exported from that folder back into the file's own precision:
 
-- every MatMul whose constant weight's columns are rows of the file's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0
-  tensors becomes a MatMulNBits over those very blocks (a block of 32 input rows, the block's own scale;
-  4-bit codes where every column is 4-bit, else 8-bit codes, which hold 4 and 5 bits exactly), computed on
-  int8 activations quantized per block as llama.cpp does (`accuracy_level` 4: the VNNI kernels);
-- a block's minimum (Q4_1, Q5_1: w = d*q + m) is not a MatMulNBits zero point (those are integers, and a
+- every MatMul whose constant weight's columns are rows of the file's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 /
+  Q4_K / Q5_K / Q6_K tensors becomes a MatMulNBits over those very blocks (a block of 32 input rows with its
+  own scale, a K-quant's sub-blocks of 32, or of 16 for Q6_K; 4-bit codes where every column is 4-bit, else
+  8-bit codes, which hold 4, 5 and 6 bits exactly), computed on int8 activations quantized per block as
+  llama.cpp does (`accuracy_level` 4: the VNNI kernels);
+- a block's minimum (Q4_1, Q5_1, Q4_K, Q5_K: w = d*q + m) is not a MatMulNBits zero point (those are integers, and a
   float one takes onnxruntime's slow unpacked path, 20-70x slower here), so it is a second, small product:
   the activations' sum over each block times the block's minimum (x . (d*q + m) = d*(x . q) + m*sum(x));
 - a Gather of table rows (the token embedding) whose rows are blocks without minimums becomes a
@@ -36,17 +37,16 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 # Bump when the graphs made here change: a cached one is then made again. 2: embeddings as GatherBlockQuantized.
-# 3: codes centered on their type's middle, minimums folded into the second product.
-REVISION = 3
+# 3: codes centered on their type's middle, minimums folded into the second product. 4: K-quants.
+REVISION = 4
 REVISION_KEY = "gguf_revision"  # in a graph's specdec.* metadata
 GGUF_SOURCE_FILE = "gguf_source.json"  # written by build/gguf_convert.py into the converted folder
-BLOCK = 32  # every type served here quantizes 32 input rows per block
 ACCURACY_LEVEL = 4  # MatMulNBits: int8 activations (llama.cpp's Q8 activations for its quantized dot products)
 
 
 @dataclass
 class Blocks:
-    """Rows of a quantized matrix as codes over blocks of BLOCK inputs: w = scale * (code - zero_point) + minimum.
+    """Rows of a quantized matrix as codes over blocks of `block` inputs: w = scale * (code - zero_point) + minimum.
 
     The zero point is the middle of the type's code range (8 for 4-bit codes, 16 for 5-bit, 128 for 8-bit) and a
     type's own minimum is folded into `minimums` (Q4_1: d*q + m = d*(q - 8) + (m + 8d)). Centered codes keep the
@@ -55,17 +55,30 @@ class Blocks:
     1.0% centered (an ffn_up of the default model, activations quantized per block as llama.cpp does)."""
 
     bits: int  # the fewest bits that hold every code (4 or 8)
-    codes: np.ndarray  # uint8 [rows, blocks, BLOCK]
+    codes: np.ndarray  # uint8 [rows, blocks, block]
     scales: np.ndarray  # float32 [rows, blocks]
     zero_points: np.ndarray  # uint8 [rows, blocks]
     minimums: np.ndarray | None  # float32 [rows, blocks], or None where the type has none
 
     def dequantize(self) -> np.ndarray:
-        """The rows' values, float32 [rows, blocks * BLOCK]."""
+        """The rows' values, float32 [rows, blocks * block]."""
         values = (self.codes.astype(np.float32) - self.zero_points[..., None]) * self.scales[..., None]
         if self.minimums is not None:
             values += self.minimums[..., None]
         return values.reshape(len(self.codes), -1)
+
+    @property
+    def block(self) -> int:
+        return self.codes.shape[-1]
+
+    def split(self, block: int) -> Blocks:
+        """The same rows over blocks of `block` inputs (a divisor of this block), each half with its block's scale."""
+        parts = self.block // block
+        if parts == 1:
+            return self
+        repeat = lambda a: None if a is None else np.repeat(a, parts, axis=1)  # noqa: E731
+        return Blocks(self.bits, self.codes.reshape(len(self.codes), -1, block), repeat(self.scales),
+                      repeat(self.zero_points), repeat(self.minimums))
 
     def centered(self, bits: int) -> np.ndarray:
         """The codes as `bits`-bit codes around MatMulNBits' default zero point, 2 ** (bits - 1) (the same w)."""
@@ -93,6 +106,8 @@ def _f16(raw: np.ndarray) -> np.ndarray:
 
 def read_blocks(data: np.ndarray, type_name: str) -> Blocks | None:
     """The Blocks of a GGUF tensor's raw rows (uint8 [rows, bytes]); None for a type not served as blocks."""
+    if type_name in K_QUANT_BYTES:
+        return _read_k_quant(data, type_name)
     rows = data.shape[0]
     layout = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34}
     if type_name not in layout:
@@ -114,6 +129,43 @@ def read_blocks(data: np.ndarray, type_name: str) -> Blocks | None:
         codes, zero, bits = (b[..., 2:34].view(np.int8).astype(np.int16) + 128).astype(np.uint8), 128, 8
     zero_points = np.full(scales.shape, zero, dtype=np.uint8)
     return Blocks(bits, codes.astype(np.uint8), scales, zero_points, minimums)
+
+
+K_QUANT_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}  # bytes per super-block of 256 inputs
+
+
+def _read_k_quant(data: np.ndarray, type_name: str) -> Blocks:
+    """A K-quant's super-blocks of 256 as their sub-blocks (ggml's layouts, as the `gguf` package reads them):
+    Q4_K / Q5_K: 8 sub-blocks of 32, scale d*sc and minimum -dmin*m from 6-bit sc, m; Q6_K: 16 sub-blocks of 16,
+    scale d*sc from int8 sc, 6-bit codes around 32."""
+    from gguf.quants import Q4_K
+
+    rows = data.shape[0]
+    b = data.reshape(rows, -1, K_QUANT_BYTES[type_name])
+    supers = b.shape[1]
+    if type_name == "Q6_K":
+        ql, qh = b[..., 0:128].reshape(rows, supers, 2, 1, 64), b[..., 128:192].reshape(rows, supers, 2, 1, 32)
+        low = ((ql >> np.array([0, 4], np.uint8).reshape(2, 1)) & 0x0F).reshape(rows, supers, 8, 32)
+        high = ((qh >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)) & 0x03).reshape(rows, supers, 8, 32)
+        codes = (low | (high << 4)).reshape(rows, supers * 16, 16)
+        scales = (_f16(b[..., 208:210])[..., None] * b[..., 192:208].view(np.int8).astype(np.float32))
+        return Blocks(8, codes.astype(np.uint8), scales.reshape(rows, -1),
+                      np.full((rows, supers * 16), 32, np.uint8), None)
+    d, dmin = _f16(b[..., 0:2])[..., None], _f16(b[..., 2:4])[..., None]
+    sc, m = Q4_K.get_scale_min(np.ascontiguousarray(b[..., 4:16]).reshape(-1, 12))
+    scales = d * sc.reshape(rows, supers, 8).astype(np.float32)
+    nibbles = np.array([0, 4], np.uint8).reshape(2, 1)  # 32 bytes: sub-block 2g's low nibbles, 2g+1's high
+    if type_name == "Q4_K":
+        qs = b[..., 16:144].reshape(rows, supers, 4, 1, 32)
+        codes, center, bits = ((qs >> nibbles) & 0x0F).reshape(rows, supers, 8, 32), 8, 4
+    else:  # Q5_K: the fifth bit of sub-block i's element l is bit i of qh[l]
+        qh, qs = b[..., 16:48].reshape(rows, supers, 1, 32), b[..., 48:176].reshape(rows, supers, 4, 1, 32)
+        low = ((qs >> nibbles) & 0x0F).reshape(rows, supers, 8, 32)
+        high = (qh >> np.arange(8, dtype=np.uint8).reshape(8, 1)) & 0x01
+        codes, center, bits = low | (high << 4), 16, 8
+    minimums = center * scales - dmin * m.reshape(rows, supers, 8).astype(np.float32)
+    return Blocks(bits, codes.reshape(rows, supers * 8, 32).astype(np.uint8), scales.reshape(rows, -1),
+                  np.full((rows, supers * 8), center, np.uint8), minimums.reshape(rows, -1))
 
 
 def rounding(dtype: str):
@@ -172,7 +224,7 @@ class GgufRows:
 
 
 def _pack(blocks: Blocks) -> np.ndarray:
-    """MatMulNBits' B [N, blocks, BLOCK * bits / 8]: centered codes, two 4-bit codes a byte (low nibble first)."""
+    """MatMulNBits' B [N, blocks, block * bits / 8]: centered codes, two 4-bit codes a byte (low nibble first)."""
     codes = blocks.centered(blocks.bits)
     if blocks.bits == 8:
         return codes
@@ -184,6 +236,8 @@ def _gather(rows: GgufRows, found: list[tuple[int, int]]) -> Blocks | None:
     of = {t: rows.tensors[t][3] for t, _ in found}
     if any(blocks is None for blocks in of.values()):
         return None
+    block = min(blocks.block for blocks in of.values())  # Q6_K's 16 beside 32: every block split to 16
+    of = {t: blocks.split(block) for t, blocks in of.items()}
     def stack(field: str) -> np.ndarray:
         return np.stack([getattr(of[t], field)[r] for t, r in found])
     minimums = None
@@ -233,7 +287,7 @@ def quantize_from_gguf(source: str | Path, gguf_path: str | Path, folder_dtype: 
             continue
         columns = numpy_helper.to_array(weight).astype(np.float32).T  # [N, K]: a column per output
         found = rows.rows_of(columns)
-        blocks = _gather(rows, found) if found and columns.shape[1] % BLOCK == 0 else None
+        blocks = _gather(rows, found) if found else None
         if found is None:
             report.left += 1
             new_nodes.append(node)
@@ -253,10 +307,10 @@ def quantize_from_gguf(source: str | Path, gguf_path: str | Path, folder_dtype: 
         product = f"{stem}_gguf_product" if blocks.minimums is not None else y
         new_nodes.append(helper.make_node(  # no zero points: the default, 2 ** (bits - 1), is the codes' center
             "MatMulNBits", [x, names["codes"], names["scales"]], [product],
-            name=f"{stem}_gguf", domain="com.microsoft", K=k_in, N=n_out, bits=blocks.bits, block_size=BLOCK,
+            name=f"{stem}_gguf", domain="com.microsoft", K=k_in, N=n_out, bits=blocks.bits, block_size=blocks.block,
             accuracy_level=accuracy_level))
         if blocks.minimums is not None:
-            new_nodes.extend(_minimum_term(graph, stem, x, product, y, blocks.minimums))
+            new_nodes.extend(_minimum_term(graph, stem, x, product, y, blocks.minimums, blocks.block))
         dropped.add(weight.name)
         report.quantized[f"{blocks.bits}-bit"] = report.quantized.get(f"{blocks.bits}-bit", 0) + 1
     used = {name for node in new_nodes for name in node.input}
@@ -291,7 +345,7 @@ def _gathered_from_blocks(graph, node, initializers: dict, rows: GgufRows, new_n
 
     table = initializers.get(node.input[0])
     axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-    if table is None or len(table.dims) != 2 or axis != 0 or table.dims[1] % BLOCK:
+    if table is None or len(table.dims) != 2 or axis != 0:
         return False
     found = rows.rows_of(numpy_helper.to_array(table).astype(np.float32))
     blocks = _gather(rows, found) if found else None
@@ -304,7 +358,7 @@ def _gathered_from_blocks(graph, node, initializers: dict, rows: GgufRows, new_n
         numpy_helper.from_array(np.full(blocks.scales.shape, 128, np.uint8), stem + "zero_points")])
     new_nodes.append(helper.make_node(
         "GatherBlockQuantized", [stem + "codes", node.input[1], stem + "scales", stem + "zero_points"],
-        list(node.output), name=stem + "gather", domain="com.microsoft", bits=8, block_size=BLOCK, gather_axis=0,
+        list(node.output), name=stem + "gather", domain="com.microsoft", bits=8, block_size=blocks.block, gather_axis=0,
         quantize_axis=1))
     return True
 
@@ -328,14 +382,14 @@ def _restore_exact(rows: GgufRows, init) -> int:
     return 1
 
 
-def _minimum_term(graph, stem: str, x: str, product: str, y: str, minimums: np.ndarray) -> list:
+def _minimum_term(graph, stem: str, x: str, product: str, y: str, minimums: np.ndarray, block: int) -> list:
     """Nodes adding sum(x over each block) @ minimums to `product` as `y` (x [..., K] -> y [..., N])."""
     from onnx import helper, numpy_helper
 
     n_out, n_blocks = minimums.shape
     names = {f: f"{stem}_gguf_{f}" for f in ("block_shape", "sum_axes", "sums_shape", "minimums")}
     graph.initializer.extend([
-        numpy_helper.from_array(np.array([-1, BLOCK], np.int64), names["block_shape"]),
+        numpy_helper.from_array(np.array([-1, block], np.int64), names["block_shape"]),
         numpy_helper.from_array(np.array([-1], np.int64), names["sum_axes"]),
         numpy_helper.from_array(np.array([-1, n_blocks], np.int64), names["sums_shape"]),
         numpy_helper.from_array(np.ascontiguousarray(minimums.T, dtype=np.float32), names["minimums"]),
