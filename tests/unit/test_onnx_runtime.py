@@ -180,16 +180,25 @@ def test_serving_on_onnxruntime_never_imports_torch(tiny_pair, tmp_path):
     assert done.returncode == 0, done.stderr
 
 
+PAST = 40  # the prefix every slot of the bit-for-bit tests holds
+
+
+def _prefilled(engine_dir, threads: int, slots: int, seed: int) -> tuple[OnnxLlamaRuntime, np.ndarray]:
+    """A runtime over the target whose `slots` hold the same PAST random tokens, and 20 more tokens to go on."""
+    runtime = OnnxLlamaRuntime(TARGET, num_slots=slots, max_length=128, num_threads=threads, engine_dir=engine_dir)
+    ids = np.random.default_rng(seed).integers(3, runtime.vocab_size, PAST + 20)
+    for slot in range(slots):
+        runtime.forward([ForwardItem(slot, 0, ids[:PAST])])
+    return runtime, ids
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_decode_step_gives_the_logits_of_a_verification_pass_bit_for_bit(tmp_path, threads):
     """Greedy speculation equals plain greedy decoding exactly only where a one-token step and a (k+1)-token
     verification compute a position's logits identically: onnxruntime's single-row products round
     differently, so the step graph keeps every product at two rows or more (docs/SPECULATION.md)."""
-    runtime = OnnxLlamaRuntime(TARGET, num_slots=3, max_length=128, num_threads=threads, engine_dir=tmp_path)
-    ids = np.random.default_rng(1).integers(3, runtime.vocab_size, 60)
-    past = 40
-    for slot in range(3):
-        runtime.forward([ForwardItem(slot, 0, ids[:past])])
+    runtime, ids = _prefilled(tmp_path, threads, 3, seed=1)
+    past = PAST
     verify = runtime.forward([ForwardItem(0, past, ids[past:past + 9], num_logits=9)])[0]
     steps = np.stack([runtime.forward([ForwardItem(0, past + j, ids[past + j:past + j + 1])])[0][0]
                       for j in range(9)])
@@ -202,11 +211,8 @@ def test_a_decode_step_gives_the_logits_of_a_verification_pass_bit_for_bit(tmp_p
 def test_a_tree_node_gets_the_logits_of_the_same_tokens_in_a_chain_bit_for_bit(tmp_path, threads):
     """A tree node's ancestors sit at other cache rows than in a chain (siblings between them): the graph's softmax
     sums by a matrix product, in key order, so the masked rows between change nothing (docs/SPECULATION.md)."""
-    runtime = OnnxLlamaRuntime(TARGET, num_slots=2, max_length=128, num_threads=threads, engine_dir=tmp_path)
-    ids = np.random.default_rng(2).integers(3, runtime.vocab_size, 50)
-    past = 40
-    for slot in range(2):
-        runtime.forward([ForwardItem(slot, 0, ids[:past])])
+    runtime, ids = _prefilled(tmp_path, threads, 2, seed=2)
+    past = PAST
     chain = runtime.forward([ForwardItem(0, past, ids[past:past + 3], num_logits=3)])[0]
     # node 0 = ids[40], node 1 a sibling, node 2 = ids[41] under node 0, node 3 a sibling of it, node 4 = ids[42]
     nodes = np.array([ids[past], 7, ids[past + 1], 11, ids[past + 2]])

@@ -28,11 +28,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from specdec.runtime.graph_contract import save_atomically
 
 log = logging.getLogger(__name__)
 
@@ -327,13 +328,7 @@ def quantize_from_gguf(source: str | Path, gguf_path: str | Path, folder_dtype: 
     for key, value in {**(metadata or {}), "specdec.gguf_blocks": report.describe(),
                        f"specdec.{REVISION_KEY}": str(REVISION)}.items():
         model.metadata_props.add(key=key, value=value)
-    out_path = Path(out_path)
-    staged = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp")
-    try:
-        onnx.save_model(model, str(staged))
-        os.replace(staged, out_path)
-    finally:
-        staged.unlink(missing_ok=True)
+    save_atomically(model, out_path)
     log.info("%s: %s", out_path, report.describe())
     return report
 

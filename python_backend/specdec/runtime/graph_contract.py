@@ -91,6 +91,22 @@ def graph_metadata(model_dir: str | Path, dtype: str, max_positions: int) -> dic
     }
 
 
+def save_atomically(model, out_path: str | Path) -> Path:
+    """onnx.save_model to a staged file, then renamed: a reader (another Triton instance) never sees half a graph."""
+    import os
+
+    import onnx
+
+    out_path = Path(out_path)
+    staged = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp")
+    try:
+        onnx.save_model(model, str(staged))
+        os.replace(staged, out_path)
+    finally:
+        staged.unlink(missing_ok=True)
+    return out_path
+
+
 def read_graph_metadata(onnx_path: str | Path) -> dict[str, str]:
     """The specdec.* metadata of an exported graph (without loading its weights)."""
     import onnx

@@ -34,6 +34,7 @@ from specdec.runtime.graph_contract import (
     graph_inputs,
     graph_metadata,
     read_graph_metadata,
+    save_atomically,
 )
 from specdec.runtime.graph_runtime import NUMPY_DTYPES, SlottedGraphRuntime
 
@@ -111,13 +112,7 @@ def quantize_graph(source: Path, out_path: Path, weight_quantization: str) -> Pa
     for key, value in provenance:
         quantized.metadata_props.add(key=key, value=value)
     quantized.metadata_props.add(key=META_PREFIX + QUANTIZATION_KEY, value=weight_quantization)
-    staged = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp")
-    try:
-        onnx.save_model(quantized, str(staged))
-        os.replace(staged, out_path)
-    finally:
-        staged.unlink(missing_ok=True)
-    return out_path
+    return save_atomically(quantized, out_path)
 
 
 def gguf_graph(model_dir: str | Path, source: Path, out_path: Path) -> Path:
