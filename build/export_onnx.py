@@ -65,8 +65,13 @@ def configured_parameter(model_dir: Path, key: str) -> str | None:
 
 
 def configured_quantization(model_dir: Path) -> str | None:
-    """The `weight_quantization` a repository model is served with."""
-    return configured_parameter(model_dir, "weight_quantization")
+    """The weight quantization a repository model is served with (its `weight_quantization`, `auto` resolved
+    from the checkpoint as the server resolves it)."""
+    from specdec.runtime import choose_weights
+
+    role = configured_parameter(model_dir, "role") or "target"
+    runtime = configured_parameter(model_dir, "runtime") or "onnxruntime"
+    return choose_weights(role, runtime, configured_parameter(model_dir, "weight_quantization"), model_dir)[0]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,7 +43,7 @@ from specdec.runtime import build_runtime  # noqa: E402
 from specdec.tokenizer import TextTokenizer  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from export_onnx import configured_parameter  # noqa: E402
+from export_onnx import configured_parameter, configured_quantization  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ROOT / "client/specdec_client/prompts/bench_chat.json"
@@ -137,7 +137,7 @@ def settings_of(spec: str, task: str = "text") -> SpeculationSettings:
 def served_runtime(model_dir: Path):
     """The onnxruntime decoder of a repository model with the threads and weights its config.pbtxt serves."""
     threads = int(configured_parameter(model_dir, "num_threads") or 1)
-    quantization = configured_parameter(model_dir, "weight_quantization")
+    quantization = configured_quantization(model_dir)
     print(f"{model_dir.parent.name}: {threads} thread(s), weights {quantization or 'as exported'}", flush=True)
     return build_runtime("onnxruntime", model_dir, 2, MAX_LENGTH, num_threads=threads,
                          weight_quantization=quantization)
