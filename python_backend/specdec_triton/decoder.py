@@ -17,7 +17,7 @@ from specdec.errors import InvalidRequestError
 from specdec.kv_memory import KVPoolConfig
 from specdec.metrics import KV_BLOCKS_IN_USE, KV_BYTES_IN_USE, KV_SLOTS_IN_USE, BatchCounter, ProcessMetrics
 from specdec.packing import PackedSteps, pack_results, unpack_steps
-from specdec.runtime import build_runtime, choose_weights
+from specdec.runtime import build_served_runtime
 from specdec.sampling import SamplingParams
 
 from specdec_triton import contract as c
@@ -119,17 +119,13 @@ class DecoderModel:
         if device == "cuda" and args.get("model_instance_kind") == "GPU":  # the GPU of this instance (`gpus`)
             device = f"cuda:{args['model_instance_device_id']}"
         pool = KVPoolConfig.from_json(params["kv_pool"], args["model_repository"]) if "kv_pool" in params else None
-        runtime_kind = params.get("runtime", "torch")
-        quantization, why = choose_weights(params["role"], runtime_kind, params.get("weight_quantization"),
-                                           model_dir(args))
-        pb_utils.Logger.log_info(f"{args['model_name']}: weights {quantization or 'as exported'} ({why})")
-        runtime = build_runtime(
-            runtime_kind, model_dir(args), num_slots=int(params["num_slots"]),
-            max_length=int(params["max_length"]), device=device,
+        runtime, quantization, why = build_served_runtime(
+            params.get("runtime", "torch"), model_dir(args), params["role"], params.get("weight_quantization"),
+            num_slots=int(params["num_slots"]), max_length=int(params["max_length"]), device=device,
             num_threads=int(params.get("num_threads", 1)), engine_dir=params.get("engine_dir"),
             num_blocks=pool.num_blocks() if pool else None, block_size=pool.block_size if pool else None,
-            weight_quantization=quantization,
         )
+        pb_utils.Logger.log_info(f"{args['model_name']}: weights {quantization or 'as exported'} ({why})")
         engine_class = DraftEngine if params["role"] in ("draft", "eagle") else TargetEngine
         self.engine = engine_class(runtime, idle_timeout_s=float(params["idle_timeout_s"]))
         self.metric_sink = TritonMetricSink()

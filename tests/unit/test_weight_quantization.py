@@ -125,6 +125,27 @@ def test_auto_serves_a_checkpoint_at_its_own_precision(tiny_pair):
         choose_weights("target", "onnxruntime", "gguf", target)
 
 
+def test_auto_serves_the_export_when_the_gguf_blocks_cannot_be_made(tiny_pair, tmp_path):
+    """A folder that names a GGUF file the graph cannot be made from (here: not a GGUF file at all) is served from its
+    export under `auto`, and says why; asking for `gguf` explicitly is an error."""
+    import json
+    import shutil
+
+    from specdec.runtime import build_served_runtime
+    from specdec.runtime.gguf_blocks import GGUF_SOURCE_FILE, source_record
+
+    target = tmp_path / "target"
+    shutil.copytree(tiny_pair[0], target)
+    damaged = tmp_path / "damaged.gguf"
+    damaged.write_bytes(b"not a gguf file")
+    (target / GGUF_SOURCE_FILE).write_text(json.dumps({**source_record(damaged), "dtype": "float32"}))
+    options = {"num_slots": 1, "max_length": 32, "engine_dir": tmp_path / "onnx"}
+    runtime, quantization, why = build_served_runtime("onnxruntime", target, "target", None, **options)
+    assert quantization is None and "failed" in why and runtime.onnx_path.name == ONNX_FILE
+    with pytest.raises(Exception):  # noqa: B017 - whatever the gguf reader raises on a damaged file
+        build_served_runtime("onnxruntime", target, "target", "gguf", **options)
+
+
 def test_a_deployment_quantizing_its_target_does_not_render():
     deployment = yaml.safe_load((REPO / "build/deployments/cpu.yaml").read_text())
     rendered = render_configs.render(deployment)

@@ -82,3 +82,19 @@ def choose_weights(role: str, runtime: str, weight_quantization: str | None,
         raise ValueError(f"weight_quantization gguf: {model_dir} was not converted from a GGUF file that is still "
                          "there (build/gguf_convert.py records it in gguf_source.json)")
     return setting, f"weight_quantization {setting}, set by the deployment"
+
+
+def build_served_runtime(kind: str, model_dir: str | Path, role: str, weight_quantization: str | None,
+                         **options) -> tuple[DecoderRuntime, str | None, str]:
+    """`build_runtime` with the weights `choose_weights` picks; (runtime, quantization, why). Where `auto` picked a
+    GGUF file's blocks and that graph cannot be made or loaded (a file the block reader does not know, a damaged
+    file), the decoder is served from its export as it is, and `why` says so: `auto` never costs a deployment."""
+    quantization, why = choose_weights(role, kind, weight_quantization, model_dir)
+    try:
+        return build_runtime(kind, model_dir, weight_quantization=quantization, **options), quantization, why
+    except Exception as exc:
+        if (weight_quantization or AUTO) != AUTO or quantization is None:
+            raise
+        why = f"auto: the GGUF file's blocks failed ({type(exc).__name__}: {exc}), so the export as it is"
+        return build_runtime(kind, model_dir, **options), None, why
+
