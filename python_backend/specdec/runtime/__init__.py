@@ -68,6 +68,7 @@ def choose_weights(role: str, runtime: str, weight_quantization: str | None,
     """The weight quantization a decoder is served with (None: its export as it is) and why, from the
     deployment's setting (absent: "auto") and the checkpoint."""
     from specdec.runtime.gguf_blocks import gguf_source
+    from specdec.runtime.onnx_llama import GGUF
 
     check_weight_quantization(role, runtime, weight_quantization)
     setting = weight_quantization or AUTO
@@ -77,9 +78,9 @@ def choose_weights(role: str, runtime: str, weight_quantization: str | None,
     if setting == AUTO:
         if source is None:
             return None, f"auto: the checkpoint's own weights ({runtime}), no GGUF file behind it"
-        return "gguf", f"auto: the checkpoint was converted from {source[0]}, served from that file's blocks"
-    if setting == "gguf" and source is None:
-        raise ValueError(f"weight_quantization gguf: {model_dir} was not converted from a GGUF file that is still "
+        return GGUF, f"auto: the checkpoint was converted from {source[0]}, served from that file's blocks"
+    if setting == GGUF and source is None:
+        raise ValueError(f"weight_quantization {GGUF}: {model_dir} was not converted from a GGUF file that is still "
                          "there (build/gguf_convert.py records it in gguf_source.json)")
     return setting, f"weight_quantization {setting}, set by the deployment"
 
