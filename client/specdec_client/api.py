@@ -28,6 +28,7 @@ INPUT_DTYPES = {
     "min_length": np.int32, "exclude_input_in_output": np.bool_, "num_draft_tokens": np.int32,
     "num_candidates": np.int32, "acceptance": np.object_, "verify_threshold": np.float32, "task": np.object_,
     "drafter": np.object_, "random_seed": np.uint64,
+    "guided_decoding_guide_type": np.object_, "guided_decoding_guide": np.object_,
     "beam_width": np.int32, "return_log_probs": np.bool_,
     "repetition_penalty": np.float32, "presence_penalty": np.float32, "frequency_penalty": np.float32,
 }

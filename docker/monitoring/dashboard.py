@@ -171,11 +171,16 @@ def dashboard() -> dict[str, Any]:
                   "percentunit", min=0, max=1, orientation="vertical", displayMode="gradient",
                   reduceOptions={"calcs": ["lastNotNull"], "fields": "", "values": False}), w=8)
     lay.add(timeseries("Draft and verification work", "Draft tokens proposed, accepted (all, and those of prompt "
-                       "lookup), and verification passes per second; requests per second by their drafter.",
+                       "lookup and of constrained requests' grammars), grammar-forbidden drafts cut, and "
+                       "verification passes per second; requests per second by their drafter.",
                        [(f"sum(rate({drafted}{{{SPEC}}}[{WINDOW}]))", "proposed"),
                         (f"sum(rate({accepted}{{{SPEC}}}[{WINDOW}]))", "accepted"),
                         (f"sum(rate({m.LOOKUP_DRAFT_TOKENS.name}{{{SPEC}}}[{WINDOW}]))", "proposed by lookup"),
                         (f"sum(rate({m.LOOKUP_ACCEPTED_TOKENS.name}{{{SPEC}}}[{WINDOW}]))", "accepted from lookup"),
+                        (f"sum(rate({m.GRAMMAR_DRAFT_TOKENS.name}{{{SPEC}}}[{WINDOW}]))", "proposed by grammars"),
+                        (f"sum(rate({m.GRAMMAR_ACCEPTED_TOKENS.name}{{{SPEC}}}[{WINDOW}]))",
+                         "accepted from grammars"),
+                        (f"sum(rate({m.GRAMMAR_PRUNED_TOKENS.name}{{{SPEC}}}[{WINDOW}]))", "cut by grammars"),
                         (f"sum(rate({m.VERIFICATION_PASSES.name}{{{SPEC}}}[{WINDOW}]))", "verification passes"),
                         (f"sum(rate({m.TARGET_CALLS.name}{{{SPEC}}}[{WINDOW}]))", "target calls"),
                         (f"sum(rate({m.DRAFT_CALLS.name}{{{SPEC}}}[{WINDOW}]))", "draft calls"),

@@ -144,6 +144,10 @@ class SpeculationConfig:
     # this head, sampled speculation gained 1.02x at concurrency 1 and lost at 4 and 16 (0.75x, 0.60x), and a
     # seeded request cannot follow the load (its text would change with it) (docs/BENCHMARKS.md, "Under load").
     speculate_sampled: bool = False
+    # Whether a constrained request (a guided_decoding guide) drafts the tokens its grammar forces, at no model
+    # cost, in front of the profile's drafters, at any load and temperature (the grammar's drafts are one-hot and
+    # do not depend on the load: lossless and reproducible). Off where the request sets num_draft_tokens 0.
+    grammar_drafting: bool = True
 
     def serving(self, served_drafters: tuple[str, ...]) -> SpeculationConfig:
         """This config for a deployment that serves only `served_drafters`: a profile whose drafter is not
@@ -198,10 +202,14 @@ class SpeculationConfig:
         speculate_sampled = spec.get("speculate_sampled", cls.speculate_sampled)
         if not isinstance(speculate_sampled, bool):
             raise ValueError(f"speculate_sampled must be true or false, got {speculate_sampled!r}")
+        grammar_drafting = spec.get("grammar_drafting", cls.grammar_drafting)
+        if not isinstance(grammar_drafting, bool):
+            raise ValueError(f"grammar_drafting must be true or false, got {grammar_drafting!r}")
         return cls(
             profiles=profiles,
             max_sequences=max_sequences,
             speculate_sampled=speculate_sampled,
+            grammar_drafting=grammar_drafting,
             high_precision_candidates=int(candidates.get("high_precision", 5)),
             verify_threshold=float(spec.get("verify_threshold", 0.7)),
             fallback=FallbackConfig(
@@ -234,6 +242,9 @@ class SpeculationSettings:
     min_confidence: float = 0.0  # TaskProfile.min_confidence: where a model drafter's chain stops early
     tree: DynamicTree | None = None  # greedy drafting with the EAGLE head: this dynamic tree instead of chains
     max_sequences: int = 0  # SpeculationConfig.max_sequences (0: speculate at any load)
+    # A constrained request drafts the tokens its grammar forces, at no model cost, in front of its drafters
+    # (SpeculationConfig.grammar_drafting; off where the request asked for plain decoding, num_draft_tokens 0).
+    grammar_drafting: bool = False
 
     @property
     def adaptive(self) -> bool:
@@ -279,6 +290,7 @@ def resolve(config: SpeculationConfig, task: str, prompt_text: str | None, *, nu
         num_candidates=profile.num_candidates, acceptance=profile.acceptance,
         verify_threshold=config.verify_threshold, prompt_lookup=config.prompt_lookup,
         min_confidence=profile.min_confidence, tree=profile.tree, max_sequences=config.max_sequences,
+        grammar_drafting=config.grammar_drafting and num_draft_tokens != 0,
     )
     asked = (num_draft_tokens, num_candidates, acceptance, verify_threshold, drafter)
     if sampling and not config.speculate_sampled and all(option is None for option in asked):

@@ -34,13 +34,14 @@ import numpy as np
 from specdec.acceptance import Verdict, greedy_verify, typical_verify
 from specdec.adaptive import AcceptanceEstimate, CostModel, choose_length, choose_lookup_length
 from specdec.config import DynamicTree, SpeculationSettings, model_drafter_of, uses_lookup
-from specdec.drafting.base import Proposal
+from specdec.drafting.base import Proposal, pruned
 from specdec.drafting.draft_model import DraftModelDrafter
 from specdec.drafting.eagle import EagleDrafter
 from specdec.drafting.ngram import NgramDrafter
 from specdec.engines import StepRequest, StepResult
 from specdec.errors import InvalidRequestError
 from specdec.fallback import FallbackMonitor
+from specdec.grammar import Constraint
 from specdec.logits_processing import LogitsOptions
 from specdec.rejection_sampler import rejection_verify
 from specdec.sampling import SamplingParams, make_rng, probabilities, sample
@@ -77,6 +78,9 @@ class GenerationRequest:
     # `decode` turns output tokens into text (the tokenizer's).
     stop_texts: tuple[str, ...] = ()
     decode: Callable[[list[int]], str] | None = None
+    # Structured output: the output follows this grammar state (specdec.grammar); it masks every row the target
+    # scores, cuts drafts where the grammar stops admitting them, and drafts what the grammar forces.
+    grammar: Constraint | None = None
 
     @property
     def rows_needed(self) -> int:
@@ -108,6 +112,9 @@ class GenerationStats:
     drafter: str = ""  # model | eagle | ngram | model+ngram | eagle+ngram; "none": plain decoding
     lookup_draft_tokens: int = 0  # of draft_tokens, those prompt lookup proposed
     lookup_accepted_tokens: int = 0
+    grammar_draft_tokens: int = 0  # of draft_tokens, those the grammar forced (drafted at no model cost)
+    grammar_accepted_tokens: int = 0
+    grammar_pruned_tokens: int = 0  # draft tokens cut before verification because the grammar forbids them
     load_plain_steps: int = 0  # plain steps taken because more sequences generated than the profile speculates for
     # Seconds per phase of the prefill and iterations (specdec.metrics.PHASES but "other"): draft, lookup, wait,
     # target, accept; and their whole time, of which "other" is what no phase took.
@@ -220,8 +227,12 @@ class _Run:
         # Penalties, a logit bias or bad words reshape the target's logits row by row (specdec.logits_processing):
         # every token is then chosen here from the processed rows.
         self.logits_options = request.logits_options
+        self.grammar = request.grammar
+        # Tokens are chosen here from processed rows (not by the target's own argmax or draw) when options or a
+        # grammar reshape them.
+        self.processes_rows = self.logits_options.active or self.grammar is not None
         self.need_target_logits = (not self.sampling.greedy or self.settings.acceptance != "greedy"
-                                   or self.logits_options.active)
+                                   or self.processes_rows)
         self.estimate = AcceptanceEstimate()
         self.lookup_estimate = AcceptanceEstimate()  # prompt lookup's own acceptance: its adaptive length
         # A sampled request with a seed must give the same text on any load, and its text depends on what was
@@ -294,7 +305,7 @@ class _Run:
             last = end == self.prompt_len
             step = self._target(StepRequest(
                 self.sequence_id, past_length=start, input_ids=np.asarray(self.tokens[start:end]), start=not start,
-                num_hidden=(end - start) if self._want_features else 0, want_logits=last and self.logits_options.active,
+                num_hidden=(end - start) if self._want_features else 0, want_logits=last and self.processes_rows,
                 sampling=self._plain_draw() if last else SamplingParams(),
             ), end - start)
             if len(chunks) > 1 and self.speculate and self.model_drafter is not None and self.eagle is None:
@@ -332,7 +343,8 @@ class _Run:
             self.speculate = False
 
     async def _iterate(self) -> list[int]:
-        proposal, from_model = await self._propose()
+        proposal, source = await self._propose()
+        from_model = source == "model"
         self.stats.speculation_length = proposal.depth if proposal else 0
         pending = self.tokens[self.target_valid:]
         m = len(pending)
@@ -340,7 +352,7 @@ class _Run:
         tree = proposal is not None and not proposal.is_chain
         step = StepRequest(self.sequence_id, past_length=self.target_valid, input_ids=np.asarray(pending + nodes),
                            num_logits=len(nodes) + 1,
-                           want_logits=self.need_target_logits and (proposal is not None or self.logits_options.active),
+                           want_logits=self.need_target_logits and (proposal is not None or self.processes_rows),
                            num_hidden=m + len(nodes) if self._want_features else 0,
                            sampling=self._plain_draw() if proposal is None else SamplingParams())
         if tree:
@@ -365,13 +377,16 @@ class _Run:
         if self._want_features:  # the features of the pending tokens and of the accepted path
             self._keep_features(self.target_valid, result.hidden[list(range(m)) + [m + node for node in verdict.path]])
         self.stats.record_verification(proposal.depth, verdict.accepted)
-        if not from_model:
+        if source == "grammar":
+            self.stats.grammar_draft_tokens += proposal.depth
+            self.stats.grammar_accepted_tokens += verdict.accepted
+        elif source == "lookup":
             self.stats.lookup_draft_tokens += proposal.depth
             self.stats.lookup_accepted_tokens += verdict.accepted
             self.lookup_estimate.observe(verdict.accepted, proposal.depth)
         # The adaptive length and the fallback judge the profile's drafter: with lookup in front of a model
         # drafter, the model's proposals (lookup costs no model call and keeps proposing while fallen back).
-        if from_model or self.model_drafter is None:
+        if from_model or (self.model_drafter is None and source == "lookup"):
             self.estimate.observe(verdict.accepted, proposal.depth)
             if self.monitor is not None:
                 self.monitor.record(proposal.depth, verdict.accepted)
@@ -427,24 +442,41 @@ class _Run:
             return longest
         return choose_lookup_length(self.lookup_estimate.rate, longest, self.length_costs)
 
-    async def _propose(self) -> tuple[Proposal | None, bool]:
-        """This iteration's proposal (None: a plain step) and whether the model drafter made it."""
+    async def _propose(self) -> tuple[Proposal | None, str]:
+        """This iteration's proposal (None: a plain step) and who made it: grammar, lookup or model."""
+        if self.grammar is not None and self.settings.grammar_drafting:
+            forced = self.grammar.forced(self._length_cap())
+            if forced:  # what the grammar forces, at no model cost, in front of every drafter
+                return Proposal(forced, list(range(-1, len(forced) - 1)), len(forced)), "grammar"
+        proposal, source = await self._propose_with_drafters()
+        if proposal is None or self.grammar is None or proposal.draft_probs is not None:
+            # A proposal drawn from q stays whole under rejection sampling: cutting the nodes the grammar forbids
+            # would change what the residuals correct for. The masked target rejects them.
+            return proposal, source
+        kept = pruned(proposal, self.grammar.admitted(proposal.paths()[1:]))
+        self.stats.grammar_pruned_tokens += len(proposal.tokens) - (len(kept.tokens) if kept else 0)
+        if kept is None and source == "model":
+            self.model_drafter.verified(0)
+        return kept, source
+
+    async def _propose_with_drafters(self) -> tuple[Proposal | None, str]:
+        """The profile's drafters' proposal (None: a plain step) and whether lookup or the model made it."""
         if not self.load_independent and not self.settings.speculates_under(self.gen.sequences):
             self.stats.load_plain_steps += 1  # above the profile's max_sequences: a plain step (features still kept)
-            return None, False
+            return None, "none"
         if self.lookup is not None and self.model_drafter is not None and self.settings.enabled:
             started = self.gen._clock()
             proposal = await self.lookup.propose(self.tokens, self._lookup_length())
             self.stats.add_time("lookup", self.gen._clock() - started)
             if proposal is not None:
-                return proposal, False
+                return proposal, "lookup"
         tree = self._dynamic_tree()  # decided once per iteration: the load can change at the next await
         k = self._choose_length(tree)
         if k <= 0:
-            return None, False
+            return None, "none"
         if self.model_drafter is None:
-            return (await self.lookup.propose(self.tokens, k) if self.lookup is not None else None), False
-        return await self._propose_with_model(k, tree), True
+            return (await self.lookup.propose(self.tokens, k) if self.lookup is not None else None), "lookup"
+        return await self._propose_with_model(k, tree), "model"
 
     async def _propose_with_model(self, k: int, tree: DynamicTree | None) -> Proposal | None:
         lossless_sampling = self.settings.acceptance == "rejection" and not self.sampling.greedy
@@ -481,9 +513,8 @@ class _Run:
     def _verify(self, proposal: Proposal, result: StepResult) -> Verdict:
         mode = self.settings.acceptance
         scored = len(proposal.tokens) + 1
-        if self.logits_options.active:
-            logits = self.logits_options.apply(result.logits[-scored:], self.tokens, self.prompt_len,
-                                               proposal.paths())
+        if self.processes_rows:
+            logits = self._processed(result.logits[-scored:], proposal.paths())
         elif mode == "greedy":
             return greedy_verify(proposal.tokens, proposal.parents, result.token_ids[-scored:])
         else:
@@ -511,19 +542,28 @@ class _Run:
         """How the target picks a plain step's token: greedy, or drawn there from the request's sampling with a
         seed from this sequence's generator (so a seeded request's text does not depend on the load). With
         logits options the token is chosen here instead (`_pick`)."""
-        if self.sampling.greedy or self.logits_options.active:
+        if self.sampling.greedy or self.processes_rows:
             return SamplingParams()
         return replace(self.sampling, seed=int(self.rng.integers(0, 2**63)))
 
     def _pick(self, result: StepResult) -> int:
         """A plain step's token: the target's greedy choice or its draw (`_plain_draw`) after the last input, or
         with logits options, chosen from the processed last row."""
-        if not self.logits_options.active:
+        if not self.processes_rows:
             return int(result.token_ids[-1])
-        row = self.logits_options.apply(result.logits[-1:], self.tokens, self.prompt_len, [[]])
+        row = self._processed(result.logits[-1:], [[]])
         if self.sampling.greedy:
             return int(row[0].argmax())
         return sample(probabilities(row, self.sampling)[0], self.rng)
+
+    def _processed(self, rows: np.ndarray, paths: list[list[int]]) -> np.ndarray:
+        """The target's rows after the request's logits options and its grammar: row r continues the output +
+        `paths[r]`; a token the grammar does not admit there gets -inf."""
+        if self.logits_options.active:
+            rows = self.logits_options.apply(rows, self.tokens, self.prompt_len, paths)
+        if self.grammar is not None:
+            rows = np.where(self.grammar.allowed(paths, rows.shape[-1]), rows, -np.inf)
+        return rows
 
     def _emit(self, new: list[int]) -> GenerationUpdate:
         """Append `new` to the tokens, cut at an end token or max_tokens, and report what was added."""
@@ -536,6 +576,11 @@ class _Run:
                 reason = "stop"
                 break
             kept.append(token)
+            if self.grammar is not None:
+                self.grammar.consume(token)
+                if self.grammar.done:  # nothing but the end can follow
+                    reason = "stop"
+                    break
             if request.stop_texts and self._completes_a_stop_text(kept):
                 reason = "stop"
                 break

@@ -84,6 +84,14 @@ LOOKUP_DRAFT_TOKENS = MetricSpec("specdec_lookup_draft_tokens_total", "counter",
                                  "model+ngram, eagle+ngram).", _REQ)
 LOOKUP_ACCEPTED_TOKENS = MetricSpec("specdec_lookup_accepted_draft_tokens_total", "counter",
                                     "Of the draft tokens accepted, those prompt lookup proposed.", _REQ)
+GRAMMAR_DRAFT_TOKENS = MetricSpec("specdec_grammar_draft_tokens_total", "counter",
+                                  "Of the draft tokens proposed, those a constrained request's grammar forced "
+                                  "(drafted at no model cost).", _REQ)
+GRAMMAR_ACCEPTED_TOKENS = MetricSpec("specdec_grammar_accepted_draft_tokens_total", "counter",
+                                     "Of the draft tokens accepted, those the grammar forced.", _REQ)
+GRAMMAR_PRUNED_TOKENS = MetricSpec("specdec_grammar_pruned_draft_tokens_total", "counter",
+                                   "Draft tokens cut before verification because the request's grammar forbids "
+                                   "them.", _REQ)
 DRAFTER_REQUESTS = MetricSpec("specdec_drafter_requests_total", "counter",
                               "Generation requests by the drafter that proposed for them (model, eagle, ngram, "
                               "model+ngram, eagle+ngram; none: plain decoding).", (*_REQ, DRAFTER))
@@ -158,6 +166,7 @@ UNIQUE_MEMORY = MetricSpec("specdec_unique_memory_bytes", "gauge",
 
 ALL_METRICS = (
     REQUESTS, OUTPUT_TOKENS, DRAFT_TOKENS, ACCEPTED_DRAFT_TOKENS, LOOKUP_DRAFT_TOKENS, LOOKUP_ACCEPTED_TOKENS,
+    GRAMMAR_DRAFT_TOKENS, GRAMMAR_ACCEPTED_TOKENS, GRAMMAR_PRUNED_TOKENS,
     ACCEPTED_BY_POSITION, VERIFICATION_PASSES, TARGET_CALLS, DRAFT_CALLS, DRAFTER_REQUESTS, ERRORS, TTFT, ITL,
     DURATION, ACCEPTANCE_RATE, MEAN_ACCEPTED_LENGTH,
     SPECULATION_LENGTH, FALLBACK_ACTIVE, ACTIVE_REQUESTS, GENERATION_SECONDS, DECODER_BATCHES, DECODER_STEPS,
@@ -345,6 +354,9 @@ class GenerationMetrics:
                             (ACCEPTED_DRAFT_TOKENS, stats.accepted_draft_tokens),
                             (LOOKUP_DRAFT_TOKENS, _stat(stats, ("lookup_draft_tokens",), 0)),
                             (LOOKUP_ACCEPTED_TOKENS, _stat(stats, ("lookup_accepted_tokens",), 0)),
+                            (GRAMMAR_DRAFT_TOKENS, _stat(stats, ("grammar_draft_tokens",), 0)),
+                            (GRAMMAR_ACCEPTED_TOKENS, _stat(stats, ("grammar_accepted_tokens",), 0)),
+                            (GRAMMAR_PRUNED_TOKENS, _stat(stats, ("grammar_pruned_tokens",), 0)),
                             (VERIFICATION_PASSES, stats.verification_passes), (TARGET_CALLS, stats.target_calls),
                             (DRAFT_CALLS, stats.draft_calls)):
             if value:

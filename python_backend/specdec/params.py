@@ -16,6 +16,7 @@ import numpy as np
 from specdec.acceptance import ACCEPTANCE_MODES
 from specdec.config import DRAFTERS, TASKS
 from specdec.errors import InvalidRequestError, UnsupportedError
+from specdec.grammar import GUIDE_FIELD, Guide
 from specdec.logits_processing import LogitsOptions
 from specdec.sampling import SamplingParams
 
@@ -56,6 +57,7 @@ class RequestOptions:
     logits: LogitsOptions = LogitsOptions()
     bad_words: tuple[str, ...] = ()  # TensorRT-LLM's: never completed
     stop_words: tuple[str, ...] = ()  # the output ends at the token that completes one of these texts (kept)
+    guide: Guide | None = None  # structured output (TensorRT-LLM's guided_decoding_guide_type / _guide)
 
 
 def _scalar(inputs: Mapping[str, np.ndarray], name: str) -> object | None:
@@ -143,7 +145,26 @@ def parse_request(inputs: Mapping[str, np.ndarray], limits: ServerLimits) -> Req
         logits=parse_logits_options(inputs),
         bad_words=_words(inputs, "bad_words"),
         stop_words=_words(inputs, "stop_words"),
+        guide=parse_guide(inputs),
     )
+
+
+def parse_guide(inputs: Mapping[str, np.ndarray]) -> Guide | None:
+    """TensorRT-LLM's guided decoding inputs: `guided_decoding_guide_type` (json, json_schema, regex,
+    ebnf_grammar; absent or empty: none) and `guided_decoding_guide` (the schema, regex or grammar). The guide is
+    compiled, and refused when invalid, by specdec.grammar."""
+    type_field = f"{GUIDE_FIELD}_type"
+    try:
+        guide_type, text = _scalar(inputs, type_field), _scalar(inputs, GUIDE_FIELD)
+    except UnicodeDecodeError as exc:
+        raise InvalidRequestError(GUIDE_FIELD, "is not valid UTF-8") from exc
+    if guide_type is None or guide_type == "":
+        if text:
+            raise InvalidRequestError(type_field, f"is required with {GUIDE_FIELD}")
+        return None
+    if not isinstance(guide_type, str) or (text is not None and not isinstance(text, str)):
+        raise InvalidRequestError(type_field if not isinstance(guide_type, str) else GUIDE_FIELD, "must be a string")
+    return Guide(guide_type, text or "")
 
 
 MAX_PENALTY = 1e4  # beyond this a penalty only forbids (and overflows float32 logits)

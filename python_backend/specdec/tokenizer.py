@@ -21,5 +21,9 @@ class TextTokenizer:
         """`special_tokens`: with those the model was trained with around a text (a prompt), or none (a word)."""
         return self._tokenizer.encode(text, add_special_tokens=special_tokens).ids
 
+    def to_json(self) -> str:
+        """The tokenizer as tokenizer.json holds it (what a grammar engine builds its token trie from)."""
+        return self._tokenizer.to_str()
+
     def decode(self, ids: Sequence[int]) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=True)

@@ -56,6 +56,9 @@ PUBLIC_INPUTS = (
     TensorSpec("verify_threshold", "FP32", optional=True),
     TensorSpec("task", "STRING", optional=True),
     TensorSpec("drafter", "STRING", optional=True),
+    # TensorRT-LLM's guided decoding: json | json_schema | regex | ebnf_grammar, and the schema, regex or grammar.
+    TensorSpec("guided_decoding_guide_type", "STRING", optional=True),
+    TensorSpec("guided_decoding_guide", "STRING", optional=True),
     # Sent by Triton's OpenAI frontend on every request: with return_num_output_tokens, num_output_tokens counts
     # the tokens of each response (the frontend sums a stream's), as Triton's vLLM backend does.
     TensorSpec("return_num_input_tokens", "BOOL", optional=True),

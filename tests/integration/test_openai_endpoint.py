@@ -174,3 +174,29 @@ def test_a_client_that_leaves_a_non_streamed_request_stops_the_generation(server
     started = time.monotonic()
     _, _, tokens = wait_for_stop(server, before, "abandoned")
     assert tokens < LONG and time.monotonic() - started < 15
+
+
+def test_response_format_json_schema_with_the_official_client(client):
+    """OpenAI's structured outputs: the answer parses and validates, equally with speculation on and off."""
+    import json
+
+    import jsonschema
+
+    schema = {"type": "object", "additionalProperties": False, "required": ["city", "population"],
+              "properties": {"city": {"type": "string", "maxLength": 20},
+                             "population": {"type": "integer", "minimum": 0}}}
+    response_format = {"type": "json_schema", "json_schema": {"name": "city", "schema": schema, "strict": True}}
+    messages = [{"role": "user", "content": "Name a large city and its population, as JSON."}]
+    answers = []
+    for extra in ({"num_draft_tokens": 0}, {}):
+        answer = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=60, temperature=0,
+                                                response_format=response_format, extra_body=extra)
+        jsonschema.validate(json.loads(answer.choices[0].message.content), schema)
+        answers.append(answer.choices[0].message.content)
+    assert answers[0] == answers[1]
+    choice = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0,
+                                       extra_body={"guided_choice": ["alpha", "beta"]})
+    assert choice.choices[0].text in ("alpha", "beta")
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, extra_body={"guided_regex": "(unclosed"})
+    assert "guided_decoding_guide" in info.value.message

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -153,6 +154,37 @@ def test_penalties_bias_and_words_through_the_ensemble(server, all_prompts):
     assert unprocessed.startswith(stopped.text) and completed <= len(stopped.text) < completed + 16
 
 
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "age", "colors"],
+          "properties": {"name": {"type": "string", "maxLength": 12},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                         "colors": {"type": "array", "items": {"enum": ["red", "green", "blue"]},
+                                    "minItems": 1, "maxItems": 3}}}
+
+
+@pytest.mark.parametrize("guide_type, guide", [("json_schema", json.dumps(SCHEMA)), ("regex", r"[0-9]{3}-[0-9]{4}"),
+                                               ("ebnf_grammar", 'root ::= "yes" | "no" | "maybe later"'),
+                                               ("json", "")])
+def test_structured_outputs_through_the_ensemble(server, all_prompts, guide_type, guide):
+    """TensorRT-LLM's guided_decoding inputs: every answer matches its guide, and greedy speculation (chain, tree,
+    the profile's default with the grammar's own drafts) gives the constrained plain answer."""
+    import jsonschema
+
+    for _, prompt in all_prompts[:3]:
+        base = {"text_input": prompt, "max_tokens": 80, "exclude_input_in_output": True,
+                "guided_decoding_guide_type": guide_type, "guided_decoding_guide": guide}
+        plain = generate_grpc(server.grpc_url, {**base, "num_draft_tokens": 0})
+        if guide_type == "json_schema":
+            jsonschema.validate(json.loads(plain.text), SCHEMA)
+        elif guide_type == "json":
+            json.loads(plain.text)
+        elif guide_type == "regex":
+            assert re.fullmatch(guide, plain.text), plain.text
+        else:
+            assert plain.text in ("yes", "no", "maybe later")
+        for shape in ({}, {"num_draft_tokens": 4}, {"num_draft_tokens": 3, "num_candidates": 3}):
+            assert generate_grpc(server.grpc_url, {**base, **shape}).text == plain.text, (prompt, shape)
+
+
 def grpc_error(server, inputs: list[grpcclient.InferInput]) -> str:
     """The error a gRPC stream (decoupled models need one) answers to these raw inputs."""
     client = grpcclient.InferenceServerClient(server.grpc_url)
@@ -188,6 +220,11 @@ def tensor(name: str, value, dtype) -> grpcclient.InferInput:
         ({"text_input": "hi", "max_tokens": 8, "num_draft_tokens": -1}, "num_draft_tokens"),
         ({"text_input": "hi", "max_tokens": 8, "beam_width": 2}, "beam_width"),
         ({"text_input": "hi", "max_tokens": 8, "task": "poetry"}, "task"),
+        ({"text_input": "hi", "max_tokens": 8, "guided_decoding_guide_type": "regex",
+          "guided_decoding_guide": "(unclosed"}, "guided_decoding_guide"),
+        ({"text_input": "hi", "max_tokens": 8, "guided_decoding_guide_type": "json_schema",
+          "guided_decoding_guide": "{not json"}, "guided_decoding_guide"),
+        ({"text_input": "hi", "max_tokens": 8, "guided_decoding_guide_type": "xml"}, "guided_decoding_guide_type"),
     ],
 )
 def test_bad_input_gets_a_clear_error_and_the_server_keeps_serving(server, params, field):

@@ -266,6 +266,8 @@ def test_unknown_model_is_404():
 
 @pytest.mark.parametrize("message, status, error", [
     ("in ensemble 'ensemble', max_tokens: must be in [1, 1024], got 5000", 400, openai.BadRequestError),
+    ("in ensemble 'ensemble', guided_decoding_guide: is not a valid regex: unclosed group", 400,
+     openai.BadRequestError),
     ("in ensemble 'ensemble', server busy: 16 generations use all KV slots and 64 wait", 503,
      openai.InternalServerError),
     ("in ensemble 'ensemble', internal error: boom", 500, openai.InternalServerError),
@@ -327,3 +329,49 @@ def test_genai_perf_runs_its_openai_completions_endpoint_type(tmp_path):
     cmd = genai_perf_openai_command("127.0.0.1:9000", "json", 2, 8, tmp_path)
     assert cmd[cmd.index("--endpoint-type") + 1] == "completions" and "--streaming" in cmd
     assert cmd[cmd.index("-u") + 1] == "127.0.0.1:9000" and cmd[cmd.index("-m") + 1] == MODEL
+
+
+def test_structured_output_fields_reach_the_ensemble_as_one_guide():
+    """response_format (json_object, json_schema) and vLLM's guided_json / guided_regex / guided_choice /
+    guided_grammar become TensorRT-LLM's guided_decoding_guide_type and guided_decoding_guide."""
+    from specdec_client.openai_api.schemas import ChatCompletionRequest, CompletionRequest
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    messages = [{"role": "user", "content": "hi"}]
+
+    def guide(request) -> tuple[str | None, str | None]:
+        options = request.ensemble_inputs()
+        return options["guided_decoding_guide_type"], options["guided_decoding_guide"]
+
+    chat = ChatCompletionRequest.model_validate
+    assert guide(chat({"model": MODEL, "messages": messages})) == (None, None)
+    assert guide(chat({"model": MODEL, "messages": messages, "response_format": {"type": "text"}})) == (None, None)
+    assert guide(chat({"model": MODEL, "messages": messages, "response_format": {"type": "json_object"}})) == (
+        "json_schema", '{"type": "object"}')
+    kind, text = guide(chat({"model": MODEL, "messages": messages, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}}))
+    assert kind == "json_schema" and json.loads(text) == schema
+    completion = CompletionRequest.model_validate
+    assert guide(completion({"model": MODEL, "prompt": "p", "guided_json": schema}))[0] == "json_schema"
+    assert guide(completion({"model": MODEL, "prompt": "p", "guided_regex": r"\d+"})) == ("regex", r"\d+")
+    assert guide(completion({"model": MODEL, "prompt": "p", "guided_choice": ["yes", 'say "no"']})) == (
+        "ebnf_grammar", 'root ::= "yes" | "say \\"no\\""')
+    assert guide(completion({"model": MODEL, "prompt": "p", "guided_grammar": "root ::= [0-9]+"})) == (
+        "ebnf_grammar", "root ::= [0-9]+")
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"guided_regex": "a+", "guided_choice": ["a"]}, "guided"),
+    ({"guided_choice": []}, "guided_choice"),
+    ({"response_format": {"type": "json_schema"}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}, "response_format"),
+    ({"response_format": {"type": "yaml"}}, "response_format"),
+    ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "body"),
+])
+def test_bad_structured_output_fields_get_400(extra, param):
+    backend = ScriptedBackend(["x"])
+    with pytest.raises(openai.BadRequestError) as info:
+        run(client_for(backend, FakeTokenizer()).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], extra_body=extra))
+    assert info.value.status_code == 400 and param in (info.value.body["param"] or "body") + info.value.message
+    assert not backend.calls

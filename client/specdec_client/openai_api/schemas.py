@@ -1,12 +1,14 @@
 """Request bodies of the OpenAI API subset served here, validated with pydantic (wrong types and values: 400).
 
-Fields OpenAI defines that would change the output in a way this server does not implement (n > 1,
-logprobs, tools, ...) are accepted only at their no-op value and refused otherwise, never ignored.
-Unknown fields are refused too. Speculation controls of the ensemble ride along as extension fields.
+Fields OpenAI defines that would change the output in a way this server does not implement (logprobs,
+tools, ...) are accepted only at their no-op value and refused otherwise, never ignored. Unknown fields are
+refused too. Speculation controls of the ensemble and vLLM's guided decoding fields ride along as extensions;
+structured outputs (response_format, guided_*) reach the ensemble as one guided_decoding guide.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
@@ -50,6 +52,11 @@ class _Request(BaseModel):
     task: Literal["auto", "json", "code", "text"] | None = None
     drafter: str | None = None
     repetition_penalty: Annotated[float, Field(gt=0, le=1e4, allow_inf_nan=False)] | None = None  # vLLM's extension
+    # vLLM's guided decoding extension: at most one; the ensemble's guided_decoding_guide_type / _guide.
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
+    guided_grammar: str | None = None
 
     @field_validator("stop")
     @classmethod
@@ -74,6 +81,32 @@ class _Request(BaseModel):
             raise ValueError(f"at most {MAX_LOGIT_BIAS_ENTRIES} entries")
         return value or None
 
+    def guide(self) -> tuple[str, str] | None:
+        """(guided_decoding_guide_type, guided_decoding_guide) of this request's structured output, if any."""
+        guides = self._guides()
+        if len(guides) > 1:
+            raise ValueError(f"give one of {', '.join(name for name, _ in guides)}, not several")
+        return guides[0][1] if guides else None
+
+    def _guides(self) -> list[tuple[str, tuple[str, str]]]:
+        guides = []
+        if self.guided_json is not None:
+            schema = self.guided_json if isinstance(self.guided_json, str) else json.dumps(self.guided_json)
+            guides.append(("guided_json", ("json_schema", schema)))
+        if self.guided_regex is not None:
+            guides.append(("guided_regex", ("regex", self.guided_regex)))
+        if self.guided_choice is not None:
+            grammar = "root ::= " + " | ".join(json.dumps(choice, ensure_ascii=False) for choice in self.guided_choice)
+            guides.append(("guided_choice", ("ebnf_grammar", grammar)))
+        if self.guided_grammar is not None:
+            guides.append(("guided_grammar", ("ebnf_grammar", self.guided_grammar)))
+        return guides
+
+    @model_validator(mode="after")
+    def _one_guide(self) -> _Request:
+        self.guide()
+        return self
+
     def stop_sequences(self) -> list[str]:
         return list(self.stop or [])
 
@@ -97,6 +130,8 @@ class _Request(BaseModel):
             "frequency_penalty": self.frequency_penalty, "repetition_penalty": self.repetition_penalty,
             "logit_bias_ids": [int(key) for key in self.logit_bias] if self.logit_bias else None,
             "logit_bias_values": list(self.logit_bias.values()) if self.logit_bias else None,
+            **dict(zip(("guided_decoding_guide_type", "guided_decoding_guide"), self.guide() or (None, None),
+                       strict=True)),
         }
 
 
@@ -135,9 +170,33 @@ class ChatMessage(BaseModel):
         return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
 
 
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: StrictBool | None = None  # the schema is always enforced (strict or not)
+
+
 class ResponseFormat(BaseModel):
+    """OpenAI's response_format: text, json_object (any JSON object) or json_schema."""
+
     model_config = ConfigDict(extra="forbid")
-    type: Literal["text"]
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is given with type json_schema, and only then")
+        return self
+
+    def guide(self) -> tuple[str, str] | None:
+        if self.type == "json_object":
+            return "json_schema", '{"type": "object"}'
+        if self.type == "json_schema":
+            return "json_schema", json.dumps(self.json_schema.json_schema)
+        return None
 
 
 class ChatCompletionRequest(_Request):
@@ -155,6 +214,12 @@ class ChatCompletionRequest(_Request):
         if self.max_tokens is not None and self.max_completion_tokens is not None:
             raise ValueError("give max_tokens or max_completion_tokens, not both")
         return self
+
+    def _guides(self) -> list[tuple[str, tuple[str, str]]]:
+        guides = super()._guides()
+        if self.response_format is not None and (guide := self.response_format.guide()) is not None:
+            guides.append(("response_format", guide))
+        return guides
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

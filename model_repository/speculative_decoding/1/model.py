@@ -22,6 +22,7 @@ from specdec.detokenize import IncrementalDetokenizer
 from specdec.errors import DeadlineExceededError, InvalidRequestError
 from specdec.fallback import FallbackMonitor
 from specdec.generation import DEFAULT_PREFILL_CHUNK, GenerationRequest, GenerationStats, SpeculativeGenerator
+from specdec.grammar import Grammars
 from specdec.kv_memory import DEFAULT_BLOCK_SIZE, KVPoolConfig
 from specdec.liveness import AbandonedGenerations, StopCheck, generation_deadline_s
 from specdec.logits_processing import LogitsOptions
@@ -113,6 +114,7 @@ class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         params = model_parameters(args)
         self.tokenizer = TextTokenizer(tokenizer_dir(args, params))
+        self.grammars = Grammars(self.tokenizer.to_json(), self.tokenizer.vocab_size, self.tokenizer.end_ids)
         # The context served: the deployment's cap, both models' own context and the KV pool's rows.
         pool = KVPoolConfig.from_json(params["kv_pool"], args["model_repository"]) if "kv_pool" in params else None
         context = int(params["max_context_length"])
@@ -182,7 +184,9 @@ class TritonPythonModel:
             generation = GenerationRequest(prompt, options.max_tokens, end_ids, min_tokens=options.min_length,
                                            settings=settings, sampling=options.sampling,
                                            logits_options=self._logits_options(options),
-                                           stop_texts=options.stop_words, decode=self.tokenizer.decode)
+                                           stop_texts=options.stop_words, decode=self.tokenizer.decode,
+                                           grammar=self.grammars.constraint(options.guide, end_ids)
+                                           if options.guide is not None else None)
             self.generator.validate(generation)
             deadline_s = generation_deadline_s(self.max_generation_s, request.timeout())
             async with self.admission.slot(sender.is_cancelled, rows=generation.rows_needed):

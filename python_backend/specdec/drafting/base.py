@@ -40,3 +40,20 @@ def proposal_of_tree(tokens: Sequence[int] | np.ndarray, parents: Sequence[int] 
     for parent in parents:
         depths.append(1 if parent < 0 else depths[int(parent)] + 1)
     return Proposal([int(t) for t in tokens], [int(p) for p in parents], max(depths, default=0))
+
+
+def pruned(proposal: Proposal, keep: Sequence[bool]) -> Proposal | None:
+    """`proposal` with only the nodes where `keep` holds and whose ancestors are kept (None: no node left).
+    For a deterministic proposal only: its draft distributions are not carried over."""
+    index: dict[int, int] = {-1: -1}
+    tokens, parents = [], []
+    for node, (token, parent) in enumerate(zip(proposal.tokens, proposal.parents, strict=True)):
+        if keep[node] and parent in index:
+            index[node] = len(tokens)
+            tokens.append(token)
+            parents.append(index[parent])
+    if not tokens:
+        return None
+    if len(tokens) == len(proposal.tokens):
+        return proposal
+    return proposal_of_tree(tokens, parents)
