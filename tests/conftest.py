@@ -46,14 +46,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def make_tiny_llama(path: Path, num_layers: int, seed: int, vocab_size: int = 96, hidden: int = 64,
-                    kv_heads: int = 2) -> Path:
+                    kv_heads: int = 2, intermediate: int | None = None) -> Path:
     """Save a random Llama checkpoint in Hugging Face format (fp32, so parity checks are tight)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=num_layers,
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate or 2 * hidden,
+        num_hidden_layers=num_layers,
         num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=256,
         tie_word_embeddings=True, eos_token_id=1, bos_token_id=0, pad_token_id=2,
     )
@@ -103,8 +104,10 @@ def make_tiny_eagle(path: Path, target_dir: Path, seed: int, aux_layers: tuple[i
     from safetensors.torch import load_file, save_file
     from specdec.checkpoint import EAGLE_CONFIG_KEY, EAGLE_FC_WEIGHT
 
-    layer = make_tiny_llama(path.parent / f".{path.name}-layer", 1, seed=seed)
     config = json.loads((target_dir / "config.json").read_text())
+    layer = make_tiny_llama(path.parent / f".{path.name}-layer", 1, seed=seed, vocab_size=config["vocab_size"],
+                            hidden=config["hidden_size"], kv_heads=config["num_key_value_heads"],
+                            intermediate=config["intermediate_size"])
     hidden = int(config["hidden_size"])
     feature = hidden * (1 + len(aux_layers))
     eagle = {"feature_size": feature, "feature": "final_norm"}

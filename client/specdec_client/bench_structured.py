@@ -3,8 +3,9 @@
 Held-out chat requests (written for this benchmark, never trained on), each with a JSON schema of the object it
 asks for: nested objects, arrays with min / max items, enums, numbers with ranges, strings with lengths and
 patterns. Each request is sent, back to back, as constrained plain decoding (`num_draft_tokens` 0), constrained
-speculative decoding (the default profile: the grammar's forced tokens, prompt lookup, the EAGLE head) and
-unconstrained plain decoding, greedy and sampled (temperature 0.7, top_p 0.95, seed = the request's index),
+speculative decoding (the default: the grammar's forced tokens and prompt lookup, profiles.yaml
+`constrained_drafter`), the same with the EAGLE head in front of lookup (`drafter` eagle+ngram) and unconstrained
+plain decoding, greedy and sampled (temperature 0.7, top_p 0.95, seed = the request's index),
 through gRPC, unstreamed, at concurrency 1 (or `--concurrency` N: N copies of each request at once). Prints
 output tokens/s per mode, the speedups, how many answers parse and validate, and the share of output tokens the
 grammar drafted (from the server's metrics).
@@ -68,6 +69,7 @@ REQUESTS: list[tuple[str, dict[str, Any]]] = [
            "seats_left": {"type": "integer", "minimum": 0, "maximum": 500}})),
 ]
 MODES = {"constrained plain": {"num_draft_tokens": 0}, "constrained speculative": {},
+         "constrained speculative, head": {"drafter": "eagle+ngram"},
          "unconstrained plain": {"num_draft_tokens": 0, "guide": False}}
 DECODINGS = {"greedy": {}, "T 0.7 top_p 0.95": {"temperature": 0.7, "top_p": 0.95}}
 GRAMMAR_ACCEPTED = "specdec_grammar_accepted_draft_tokens_total"

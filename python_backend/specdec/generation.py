@@ -34,7 +34,7 @@ import numpy as np
 from specdec.acceptance import Verdict, greedy_verify, typical_verify
 from specdec.adaptive import AcceptanceEstimate, CostModel, choose_length, choose_lookup_length
 from specdec.config import DynamicTree, SpeculationSettings, model_drafter_of, uses_lookup
-from specdec.drafting.base import Proposal, pruned
+from specdec.drafting.base import Proposal, extended, pruned
 from specdec.drafting.draft_model import DraftModelDrafter
 from specdec.drafting.eagle import EagleDrafter
 from specdec.drafting.ngram import NgramDrafter
@@ -266,6 +266,8 @@ class _Run:
         self.prompt_len = len(self.tokens)
         self.target_valid = 0
         self.pending_commit: tuple[int, list[int]] | None = None
+        # This iteration's tokens the grammar forced in front of prompt lookup's chain and after a drafter's chain.
+        self.forced_head = self.forced_tail = 0
         self.iteration = 0
 
     async def loop(self, is_cancelled: Callable[[], bool]) -> AsyncIterator[GenerationUpdate]:
@@ -377,19 +379,25 @@ class _Run:
         if self._want_features:  # the features of the pending tokens and of the accepted path
             self._keep_features(self.target_valid, result.hidden[list(range(m)) + [m + node for node in verdict.path]])
         self.stats.record_verification(proposal.depth, verdict.accepted)
-        if source == "grammar":
-            self.stats.grammar_draft_tokens += proposal.depth
-            self.stats.grammar_accepted_tokens += verdict.accepted
-        elif source == "lookup":
-            self.stats.lookup_draft_tokens += proposal.depth
-            self.stats.lookup_accepted_tokens += verdict.accepted
-            self.lookup_estimate.observe(verdict.accepted, proposal.depth)
+        # The drafter's part and the grammar's: a whole grammar proposal, or the tokens it forced in front of
+        # lookup's chain (`forced_head`) and after a drafter's chain (`forced_tail`). A drafter is judged only where
+        # its tokens were reached (the forced ones in front of them accepted).
+        head = proposal.depth if source == "grammar" else self.forced_head
+        depth = proposal.depth - head - (0 if source == "grammar" else self.forced_tail)
+        accepted = min(max(verdict.accepted - head, 0), depth)
+        self.stats.grammar_draft_tokens += proposal.depth - depth
+        self.stats.grammar_accepted_tokens += verdict.accepted - accepted
+        reached = verdict.accepted >= head
+        if reached and source == "lookup":
+            self.stats.lookup_draft_tokens += depth
+            self.stats.lookup_accepted_tokens += accepted
+            self.lookup_estimate.observe(accepted, depth)
         # The adaptive length and the fallback judge the profile's drafter: with lookup in front of a model
         # drafter, the model's proposals (lookup costs no model call and keeps proposing while fallen back).
-        if from_model or (self.model_drafter is None and source == "lookup"):
-            self.estimate.observe(verdict.accepted, proposal.depth)
+        if reached and (from_model or (self.model_drafter is None and source == "lookup")):
+            self.estimate.observe(accepted, depth)
             if self.monitor is not None:
-                self.monitor.record(proposal.depth, verdict.accepted)
+                self.monitor.record(depth, accepted)
         if tree:
             rows = list(range(m)) + [m + node for node in verdict.path]
             self.pending_commit = (self.target_valid, rows)
@@ -443,21 +451,51 @@ class _Run:
         return choose_lookup_length(self.lookup_estimate.rate, longest, self.length_costs)
 
     async def _propose(self) -> tuple[Proposal | None, str]:
-        """This iteration's proposal (None: a plain step) and who made it: grammar, lookup or model."""
+        """This iteration's proposal (None: a plain step) and who made it: grammar, lookup or model (with, in
+        `forced_head` / `forced_tail`, how many tokens the grammar forced in front of lookup's chain and after a
+        drafter's chain)."""
+        self.forced_head = self.forced_tail = 0
         if self.grammar is not None and self.settings.grammar_drafting:
             forced = self.grammar.forced(self._length_cap())
             if forced:  # what the grammar forces, at no model cost, in front of every drafter
-                return Proposal(forced, list(range(-1, len(forced) - 1)), len(forced)), "grammar"
+                chain = Proposal(forced, list(range(-1, len(forced) - 1)), len(forced))
+                after = await self._lookup_after(forced)
+                if after is None:
+                    return chain, "grammar"
+                self.forced_head = len(forced)
+                return self._within_grammar(extended(chain, after.tokens), "lookup")
         proposal, source = await self._propose_with_drafters()
-        if proposal is None or self.grammar is None or proposal.draft_probs is not None:
-            # A proposal drawn from q stays whole under rejection sampling: cutting the nodes the grammar forbids
-            # would change what the residuals correct for. The masked target rejects them.
+        return self._within_grammar(proposal, source)
+
+    async def _lookup_after(self, forced: list[int]) -> Proposal | None:
+        """Prompt lookup's chain after the grammar's forced tokens (no model call), where the profile drafts by
+        lookup and this iteration would speculate."""
+        if self.lookup is None or not (self.load_independent or self.settings.speculates_under(self.gen.sequences)):
+            return None
+        k = self._lookup_length() if self.model_drafter is not None else self._choose_length(None)
+        k = min(k, self._length_cap() - len(forced))
+        return await self.lookup.propose(self.tokens, k, forced) if k > 0 else None
+
+    def _within_grammar(self, proposal: Proposal | None, source: str) -> tuple[Proposal | None, str]:
+        """A drafter's proposal cut where the grammar stops admitting it, and a chain extended by the tokens the
+        grammar forces after it."""
+        if proposal is None or self.grammar is None:
             return proposal, source
-        kept = pruned(proposal, self.grammar.admitted(proposal.paths()[1:]))
-        self.stats.grammar_pruned_tokens += len(proposal.tokens) - (len(kept.tokens) if kept else 0)
-        if kept is None and source == "model":
-            self.model_drafter.verified(0)
-        return kept, source
+        if proposal.draft_probs is None:
+            # A proposal drawn from q stays whole under rejection sampling: cutting the nodes the grammar forbids
+            # would change what the residuals correct for (the masked target rejects them instead).
+            kept = pruned(proposal, self.grammar.admitted(proposal.paths()[1:]))
+            self.stats.grammar_pruned_tokens += len(proposal.tokens) - (len(kept.tokens) if kept else 0)
+            if kept is None:
+                if source == "model":
+                    self.model_drafter.verified(0)
+                return None, source
+            proposal = kept
+        if proposal.is_chain and self.settings.grammar_drafting:  # what the grammar forces after the chain
+            tail = self.grammar.forced(self._length_cap() - proposal.depth, proposal.tokens)
+            self.forced_tail = len(tail)
+            proposal = extended(proposal, tail)
+        return proposal, source
 
     async def _propose_with_drafters(self) -> tuple[Proposal | None, str]:
         """The profile's drafters' proposal (None: a plain step) and whether lookup or the model made it."""

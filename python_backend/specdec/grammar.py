@@ -174,17 +174,25 @@ class Constraint:
         """Whether the grammar admits each path (from the output so far) in full."""
         return [self.matcher.validate_tokens(list(path)) == len(path) for path in paths]
 
-    def forced(self, limit: int) -> list[int]:
-        """Up to `limit` tokens spelling the bytes the grammar forces next (a key, its quotes and separator, the
-        rest of an enum value): a draft at no model cost. The tokens are the tokenizer's own spelling of those
-        bytes, which the model almost always follows; the target still verifies them."""
-        if limit <= 0 or self.matcher.is_stopped():
+    def forced(self, limit: int, after: Sequence[int] = ()) -> list[int]:
+        """Up to `limit` tokens spelling the bytes the grammar forces next, after the output + `after` (a draft
+        chain the grammar admits; [] where it does not): a key, its quotes and separator, the rest of an enum
+        value, drafted at no model cost. The tokens are the tokenizer's own spelling of those bytes, which the
+        model almost always follows; the target still verifies them."""
+        if limit <= 0:
             return []
-        forced = self.matcher.compute_ff_bytes()
-        if not forced:
-            return []
-        tokens = self.tokenizer.tokenize_bytes(forced)[:limit]
-        return tokens[: self.matcher.validate_tokens(tokens)]
+        consumed = self.matcher.try_consume_tokens(list(after)) if after else 0
+        try:
+            if consumed < len(after) or self.matcher.is_stopped():
+                return []
+            forced = self.matcher.compute_ff_bytes()
+            if not forced:
+                return []
+            tokens = self.tokenizer.tokenize_bytes(forced)[:limit]
+            return tokens[: self.matcher.validate_tokens(tokens)]
+        finally:
+            if consumed:
+                self.matcher.rollback(consumed)
 
     def consume(self, token: int) -> None:
         """The output's next token (one the mask admitted)."""

@@ -235,3 +235,45 @@ def test_a_masked_target_keeps_its_law_under_rejection_sampling_from_an_unmasked
     q = 0.5 * q + 0.5 * p  # the draft puts half its mass where the grammar forbids
     assert q[~allowed].sum() > 0.4
     assert first_token_law_pvalue(p, q, draws=40_000) > 1e-3
+
+
+# ---- with the EAGLE head ----
+
+def test_the_eagle_head_with_the_grammars_drafts_keeps_the_constrained_answer(grammars, tokenizer, prompts):
+    import tempfile
+
+    from conftest import _inprocess_backend, make_tiny_eagle
+    from specdec.engines import DraftEngine
+    from specdec.runtime.torch_llama import TorchLlamaRuntime
+
+    with tempfile.TemporaryDirectory() as folder:
+        eagle_dir = make_tiny_eagle(Path(folder) / "eagle", PAIR_12M / "target", seed=3)
+        with_eagle = _inprocess_backend((PAIR_12M / "target", PAIR_12M / "draft"), max_length=200)
+        with_eagle.eagle = DraftEngine(TorchLlamaRuntime(eagle_dir, num_slots=4, max_length=200), idle_timeout_s=60)
+        guide = GUIDES["json_schema"]
+        for prompt in prompts:
+            plain = generate(with_eagle, GenerationRequest(prompt, 80, tokenizer.end_ids,
+                                                           grammar=grammars.constraint(guide)))
+            stats = GenerationStats()
+            settings = SpeculationSettings("json", "eagle", 3, 3, 1, "greedy", 0.7, grammar_drafting=True)
+            spec = generate(with_eagle, GenerationRequest(prompt, 80, tokenizer.end_ids, settings=settings,
+                                                          grammar=grammars.constraint(guide)), stats)
+            assert spec == plain
+            assert stats.draft_calls > 0 and stats.grammar_accepted_tokens > 0
+
+
+def test_a_constrained_request_drafts_with_the_constrained_drafter_at_any_temperature():
+    from specdec.config import SpeculationConfig, resolve
+
+    config = SpeculationConfig.load(Path(__file__).resolve().parents[2] / "model_repository" / "speculative_decoding"
+                                    / "1" / "profiles.yaml")
+    common = dict(num_draft_tokens=None, num_candidates=None, acceptance=None, verify_threshold=None)
+    for sampling in (False, True):
+        settings = resolve(config, "json", None, drafter=None, sampling=sampling, constrained=True, **common)
+        assert settings.drafter == config.constrained_drafter == "ngram" and settings.enabled
+        assert settings.grammar_drafting
+    assert not resolve(config, "json", None, drafter=None, sampling=True, **common).enabled  # unconstrained
+    assert resolve(config, "json", None, drafter="eagle", sampling=False, constrained=True, **common).drafter == "eagle"
+    plain = resolve(config, "json", None, drafter=None, sampling=False, constrained=True,
+                    **{**common, "num_draft_tokens": 0})
+    assert not plain.enabled and not plain.grammar_drafting

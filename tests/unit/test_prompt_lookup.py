@@ -83,8 +83,8 @@ def test_lookup_proposals_stop_at_max_tokens(backend, max_tokens, monkeypatch):
     proposals: list[tuple[int, list[int]]] = []
     propose = NgramIndex.propose
 
-    def recording(self, tokens, k):
-        out = propose(self, tokens, k)
+    def recording(self, tokens, k, after=()):
+        out = propose(self, tokens, k, after)
         proposals.append((len(tokens) - len(REPEATING), out))
         return out
 
@@ -101,8 +101,8 @@ def _recorded_lookups(monkeypatch) -> list[tuple[int, int]]:
     asked: list[tuple[int, int]] = []
     propose = NgramIndex.propose
 
-    def recording(self, tokens, k):
-        out = propose(self, tokens, k)
+    def recording(self, tokens, k, after=()):
+        out = propose(self, tokens, k, after)
         asked.append((k, len(out)))
         return out
 

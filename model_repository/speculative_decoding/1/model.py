@@ -177,7 +177,7 @@ class TritonPythonModel:
                 self.speculation, options.task, self.tokenizer.decode(prompt) if options.task == "auto" else None,
                 num_draft_tokens=options.num_draft_tokens, num_candidates=options.num_candidates,
                 acceptance=options.acceptance, verify_threshold=options.verify_threshold, drafter=options.drafter,
-                sampling=not options.sampling.greedy,
+                sampling=not options.sampling.greedy, constrained=options.guide is not None,
             )
             timer.task = settings.task
             end_ids = frozenset([options.end_id]) if options.end_id is not None else self.tokenizer.end_ids

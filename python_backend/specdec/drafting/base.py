@@ -57,3 +57,16 @@ def pruned(proposal: Proposal, keep: Sequence[bool]) -> Proposal | None:
     if len(tokens) == len(proposal.tokens):
         return proposal
     return proposal_of_tree(tokens, parents)
+
+
+def extended(chain: Proposal, tokens: Sequence[int]) -> Proposal:
+    """A chain with deterministic `tokens` after its last node (their draft distributions one-hot)."""
+    if not tokens:
+        return chain
+    probs = chain.draft_probs
+    if probs is not None:
+        one_hot = np.zeros((len(tokens), probs.shape[-1]), dtype=probs.dtype)
+        one_hot[np.arange(len(tokens)), list(tokens)] = 1.0
+        probs = np.concatenate([probs, one_hot])
+    count = len(chain.tokens) + len(tokens)
+    return Proposal([*chain.tokens, *map(int, tokens)], list(range(-1, count - 1)), count, probs)

@@ -73,10 +73,11 @@ class NgramIndex:
                 if end - n >= 0:
                     self._latest[tuple(seen[end - n:end])] = end - n
 
-    def propose(self, tokens: Sequence[int], k: int) -> list[int]:
-        """Up to k tokens after the latest earlier match of the longest suffix n-gram (as `lookup`)."""
+    def propose(self, tokens: Sequence[int], k: int, after: Sequence[int] = ()) -> list[int]:
+        """Up to k tokens after the latest earlier match of the longest suffix n-gram (as `lookup`) of `tokens`
+        + `after` (tokens not yet committed, e.g. a grammar's forced ones: matched, never indexed)."""
         self.extend(tokens)
-        seen = self._tokens
+        seen = [*self._tokens, *after] if after else self._tokens
         length = len(seen)
         for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
             start = self._latest.get(tuple(seen[length - n:]))
@@ -89,8 +90,9 @@ class NgramDrafter:
     def __init__(self, max_ngram: int = MAX_NGRAM, min_ngram: int = MIN_NGRAM) -> None:
         self.index = NgramIndex(max_ngram, min_ngram)
 
-    async def propose(self, tokens: list[int], k: int) -> Proposal | None:
-        proposal = self.index.propose(tokens, k) if k > 0 else []
+    async def propose(self, tokens: list[int], k: int, after: Sequence[int] = ()) -> Proposal | None:
+        """A chain of up to k tokens after `tokens` + `after` (`after` not part of it)."""
+        proposal = self.index.propose(tokens, k, after) if k > 0 else []
         if not proposal:
             return None
         return Proposal(proposal, list(range(-1, len(proposal) - 1)), len(proposal))
