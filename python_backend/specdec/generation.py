@@ -388,10 +388,11 @@ class _Run:
         self.stats.grammar_draft_tokens += proposal.depth - depth
         self.stats.grammar_accepted_tokens += verdict.accepted - accepted
         reached = verdict.accepted >= head
-        if reached and source == "lookup":
+        if source == "lookup":
             self.stats.lookup_draft_tokens += depth
             self.stats.lookup_accepted_tokens += accepted
-            self.lookup_estimate.observe(accepted, depth)
+            if reached:
+                self.lookup_estimate.observe(accepted, depth)
         # The adaptive length and the fallback judge the profile's drafter: with lookup in front of a model
         # drafter, the model's proposals (lookup costs no model call and keeps proposing while fallen back).
         if reached and (from_model or (self.model_drafter is None and source == "lookup")):
