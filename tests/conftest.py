@@ -89,6 +89,12 @@ def _inprocess_backend(pair: tuple[Path, Path], max_length: int, num_slots: int 
 
 
 @pytest.fixture(scope="session")
+def make_eagle_head():
+    """Factory of random EAGLE heads for a target folder: `make_eagle_head(path, target_dir, seed)`."""
+    return make_tiny_eagle
+
+
+@pytest.fixture(scope="session")
 def make_inprocess_backend():
     """Factory of in-process backends: `make_inprocess_backend(pair, max_length)`."""
     return _inprocess_backend

@@ -28,7 +28,7 @@ INPUT_DTYPES = {
     "min_length": np.int32, "exclude_input_in_output": np.bool_, "num_draft_tokens": np.int32,
     "num_candidates": np.int32, "acceptance": np.object_, "verify_threshold": np.float32, "task": np.object_,
     "drafter": np.object_, "random_seed": np.uint64,
-    "guided_decoding_guide_type": np.object_, "guided_decoding_guide": np.object_,
+    "guided_decoding_guide_type": np.object_, "guided_decoding_guide": np.object_, "num_top_log_probs": np.int32,
     "beam_width": np.int32, "return_log_probs": np.bool_,
     "repetition_penalty": np.float32, "presence_penalty": np.float32, "frequency_penalty": np.float32,
 }
@@ -49,6 +49,10 @@ class GenerationResult:
     time_to_first_token_s: float | None = None
     latency_s: float = 0.0
     drafter_used: str | None = None  # model | eagle | ngram | none (the ensemble's drafter_used output)
+    # With return_log_probs (gRPC): each output token's id and log-probability, and cum_log_probs at the end.
+    token_ids: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    cum_log_prob: float | None = None
 
     @property
     def num_output_tokens(self) -> int:
@@ -124,6 +128,11 @@ def generate_grpc(url: str, params: dict[str, Any], on_text: Callable[[str], Non
             drafter = result.as_numpy("drafter_used")
             if drafter is not None:
                 out.drafter_used = drafter.reshape(-1)[0].decode()
+            log_probs, token_ids = result.as_numpy("output_log_probs"), result.as_numpy("output_token_ids")
+            if log_probs is not None and token_ids is not None and log_probs.size:
+                out.log_probs += log_probs.reshape(-1).tolist()
+                out.token_ids += token_ids.reshape(-1).tolist()
+                out.cum_log_prob = float(result.as_numpy("cum_log_probs").reshape(-1)[0])
             final = result.get_response().parameters.get("triton_final_response")
             if final is None or final.bool_param:
                 break

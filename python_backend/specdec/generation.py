@@ -43,6 +43,7 @@ from specdec.errors import InvalidRequestError
 from specdec.fallback import FallbackMonitor
 from specdec.grammar import Constraint
 from specdec.logits_processing import LogitsOptions
+from specdec.logprobs import TokenLogprob, token_logprobs
 from specdec.rejection_sampler import rejection_verify
 from specdec.sampling import SamplingParams, make_rng, probabilities, sample
 from specdec.waves import WaveGate
@@ -81,6 +82,8 @@ class GenerationRequest:
     # Structured output: the output follows this grammar state (specdec.grammar); it masks every row the target
     # scores, cuts drafts where the grammar stops admitting them, and drafts what the grammar forces.
     grammar: Constraint | None = None
+    # Log-probabilities of the emitted tokens, each with this many of its row's most probable tokens (None: none).
+    logprobs: int | None = None
 
     @property
     def rows_needed(self) -> int:
@@ -147,6 +150,7 @@ class GenerationUpdate:
     token_ids: list[int]
     finished: bool = False
     finish_reason: str | None = None  # "length" | "stop" | "context" | "cancelled"
+    logprobs: list[TokenLogprob] | None = None  # one per token id, where the request asked for them
 
 
 class StepError(RuntimeError):
@@ -231,8 +235,10 @@ class _Run:
         # Tokens are chosen here from processed rows (not by the target's own argmax or draw) when options or a
         # grammar reshape them.
         self.processes_rows = self.logits_options.active or self.grammar is not None
+        # Every step's rows come back where tokens are chosen here or their log-probabilities are asked for.
+        self.rows_always = self.processes_rows or request.logprobs is not None
         self.need_target_logits = (not self.sampling.greedy or self.settings.acceptance != "greedy"
-                                   or self.processes_rows)
+                                   or self.rows_always)
         self.estimate = AcceptanceEstimate()
         self.lookup_estimate = AcceptanceEstimate()  # prompt lookup's own acceptance: its adaptive length
         # A sampled request with a seed must give the same text on any load, and its text depends on what was
@@ -277,9 +283,9 @@ class _Run:
         if result is None:
             yield GenerationUpdate([], finished=True, finish_reason="cancelled")
             return
-        new = [self._pick(result)]
+        new = self._pick(result)
         while True:
-            update = self._emit(new)
+            update = self._emit(*new)
             if not update.finished and is_cancelled():
                 update.finished, update.finish_reason = True, "cancelled"
             yield update
@@ -307,7 +313,7 @@ class _Run:
             last = end == self.prompt_len
             step = self._target(StepRequest(
                 self.sequence_id, past_length=start, input_ids=np.asarray(self.tokens[start:end]), start=not start,
-                num_hidden=(end - start) if self._want_features else 0, want_logits=last and self.processes_rows,
+                num_hidden=(end - start) if self._want_features else 0, want_logits=last and self.rows_always,
                 sampling=self._plain_draw() if last else SamplingParams(),
             ), end - start)
             if len(chunks) > 1 and self.speculate and self.model_drafter is not None and self.eagle is None:
@@ -344,7 +350,8 @@ class _Run:
             self.stats.draft_failures += 1
             self.speculate = False
 
-    async def _iterate(self) -> list[int]:
+    async def _iterate(self) -> tuple[list[int], list[TokenLogprob] | None]:
+        """This iteration's new tokens (and their log-probabilities, where asked)."""
         proposal, source = await self._propose()
         from_model = source == "model"
         self.stats.speculation_length = proposal.depth if proposal else 0
@@ -354,7 +361,7 @@ class _Run:
         tree = proposal is not None and not proposal.is_chain
         step = StepRequest(self.sequence_id, past_length=self.target_valid, input_ids=np.asarray(pending + nodes),
                            num_logits=len(nodes) + 1,
-                           want_logits=self.need_target_logits and (proposal is not None or self.processes_rows),
+                           want_logits=self.need_target_logits and (proposal is not None or self.rows_always),
                            num_hidden=m + len(nodes) if self._want_features else 0,
                            sampling=self._plain_draw() if proposal is None else SamplingParams())
         if tree:
@@ -370,11 +377,13 @@ class _Run:
             self._keep_features(self.target_valid, result.hidden)
             self.target_valid = len(self.tokens)
             started = self.gen._clock()
-            token = self._pick(result)
+            picked = self._pick(result)
             self.stats.add_time("accept", self.gen._clock() - started)
-            return [token]
+            return picked
         started = self.gen._clock()
-        verdict = self._verify(proposal, result)
+        verdict, rows = self._verify(proposal, result)
+        new = [proposal.tokens[node] for node in verdict.path] + [verdict.next_token]
+        logprobs = self._logprobs(rows[[0, *(1 + node for node in verdict.path)]], new) if rows is not None else None
         self.stats.add_time("accept", self.gen._clock() - started)
         if self._want_features:  # the features of the pending tokens and of the accepted path
             self._keep_features(self.target_valid, result.hidden[list(range(m)) + [m + node for node in verdict.path]])
@@ -405,7 +414,7 @@ class _Run:
         self.target_valid += m + verdict.accepted
         if from_model:
             self.model_drafter.verified(verdict.accepted)
-        return [nodes[node] for node in verdict.path] + [verdict.next_token]
+        return new, logprobs
 
     def _length_cap(self) -> int:
         """The most draft tokens one chain may have: rows stay within prompt + max_tokens (what admission
@@ -549,22 +558,25 @@ class _Run:
     def _drafter_model(self) -> str:
         return "eagle_draft" if self.eagle is not None else "draft_model"
 
-    def _verify(self, proposal: Proposal, result: StepResult) -> Verdict:
+    def _verify(self, proposal: Proposal, result: StepResult) -> tuple[Verdict, np.ndarray | None]:
+        """The verdict, and the rows it read (processed; None where the target's greedy tokens sufficed)."""
         mode = self.settings.acceptance
         scored = len(proposal.tokens) + 1
         if self.processes_rows:
             logits = self._processed(result.logits[-scored:], proposal.paths())
-        elif mode == "greedy":
-            return greedy_verify(proposal.tokens, proposal.parents, result.token_ids[-scored:])
+        elif mode == "greedy" and result.logits is None:
+            return greedy_verify(proposal.tokens, proposal.parents, result.token_ids[-scored:]), None
         else:
             logits = result.logits[-scored:]
         if mode == "greedy":
-            return greedy_verify(proposal.tokens, proposal.parents, logits.argmax(axis=-1))
-        if mode == "typical":
-            return typical_verify(proposal.tokens, proposal.parents, logits, self.settings.verify_threshold,
-                                  self.sampling, self.rng)
-        return rejection_verify(proposal.tokens, proposal.parents, probabilities(logits, self.sampling),
-                                proposal.draft_probs, self.rng)
+            verdict = greedy_verify(proposal.tokens, proposal.parents, logits.argmax(axis=-1))
+        elif mode == "typical":
+            verdict = typical_verify(proposal.tokens, proposal.parents, logits, self.settings.verify_threshold,
+                                     self.sampling, self.rng)
+        else:
+            verdict = rejection_verify(proposal.tokens, proposal.parents, probabilities(logits, self.sampling),
+                                       proposal.draft_probs, self.rng)
+        return verdict, logits
 
     async def _target(self, step: StepRequest, scored: int) -> StepResult:
         started = self.gen._clock()
@@ -585,15 +597,19 @@ class _Run:
             return SamplingParams()
         return replace(self.sampling, seed=int(self.rng.integers(0, 2**63)))
 
-    def _pick(self, result: StepResult) -> int:
+    def _pick(self, result: StepResult) -> tuple[list[int], list[TokenLogprob] | None]:
         """A plain step's token: the target's greedy choice or its draw (`_plain_draw`) after the last input, or
-        with logits options, chosen from the processed last row."""
+        with logits options, chosen from the processed last row; and its log-probability where asked."""
         if not self.processes_rows:
-            return int(result.token_ids[-1])
+            token = int(result.token_ids[-1])
+            return [token], (self._logprobs(result.logits[-1:], [token]) if result.logits is not None else None)
         row = self._processed(result.logits[-1:], [[]])
-        if self.sampling.greedy:
-            return int(row[0].argmax())
-        return sample(probabilities(row, self.sampling)[0], self.rng)
+        token = int(row[0].argmax()) if self.sampling.greedy else sample(probabilities(row, self.sampling)[0], self.rng)
+        return [token], self._logprobs(row, [token])
+
+    def _logprobs(self, rows: np.ndarray, tokens: list[int]) -> list[TokenLogprob] | None:
+        top = self.request.logprobs
+        return None if top is None else token_logprobs(rows, tokens, top)
 
     def _processed(self, rows: np.ndarray, paths: list[list[int]]) -> np.ndarray:
         """The target's rows after the request's logits options and its grammar: row r continues the output +
@@ -604,8 +620,9 @@ class _Run:
             rows = np.where(self.grammar.allowed(paths, rows.shape[-1]), rows, -np.inf)
         return rows
 
-    def _emit(self, new: list[int]) -> GenerationUpdate:
-        """Append `new` to the tokens, cut at an end token or max_tokens, and report what was added."""
+    def _emit(self, new: list[int], logprobs: list[TokenLogprob] | None = None) -> GenerationUpdate:
+        """Append `new` to the tokens, cut at an end token or max_tokens, and report what was added (with the
+        log-probabilities of what was kept, where asked)."""
         request = self.request
         generated = len(self.tokens) - self.prompt_len
         kept: list[int] = []
@@ -629,7 +646,8 @@ class _Run:
             reason = "length"
         if reason is None and len(self.tokens) >= self.gen.max_context_length:
             reason = "context"
-        return GenerationUpdate(kept, finished=reason is not None, finish_reason=reason)
+        kept_logprobs = None if self.request.logprobs is None else (logprobs or [])[:len(kept)]
+        return GenerationUpdate(kept, finished=reason is not None, finish_reason=reason, logprobs=kept_logprobs)
 
     def _completes_a_stop_text(self, kept: list[int]) -> bool:
         """Whether the last of `kept` completes a stop text in the output: its text over the last few tokens

@@ -55,15 +55,31 @@ def choice_grammar(choices: Sequence[str]) -> str:
 
 class Grammars:
     """Guides compiled for one tokenizer, cached by their text (a matcher made once per guide and copied per
-    request)."""
+    request). The grammar engine reads the tokenizer at the first guide: a tokenizer it cannot read (a WordPiece
+    one) refuses constrained requests with 400 and serves every other."""
 
     def __init__(self, tokenizer_json: str, vocab_size: int, end_ids: Iterable[int], cache_size: int = 256) -> None:
         self.end_ids = sorted(end_ids)
         self.vocab_size = vocab_size
-        self.tokenizer = LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=self.end_ids or None)
+        self.tokenizer_json = tokenizer_json
+        self._tokenizer: LLTokenizer | None = None
+        self._tokenizer_error: str | None = None
         self.limits = LLParserLimits(**PARSER_LIMITS)
         self.cache_size = cache_size
         self._matchers: OrderedDict[Guide, LLMatcher] = OrderedDict()
+
+    @property
+    def tokenizer(self) -> LLTokenizer:
+        if self._tokenizer is None and self._tokenizer_error is None:
+            try:
+                self._tokenizer = LLTokenizer(self.tokenizer_json, n_vocab=self.vocab_size,
+                                              eos_token=self.end_ids or None)
+            except Exception as exc:  # noqa: BLE001 - a tokenizer the engine cannot read
+                self._tokenizer_error = _brief(exc)
+        if self._tokenizer is None:
+            raise UnsupportedError(f"{GUIDE_FIELD}_type", f"guided decoding is not available for this model's "
+                                   f"tokenizer ({self._tokenizer_error})")
+        return self._tokenizer
 
     def constraint(self, guide: Guide, end_ids: Iterable[int] | None = None) -> Constraint:
         """A fresh state of `guide` for one sequence; raises InvalidRequestError naming guided_decoding_guide

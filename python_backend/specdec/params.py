@@ -18,6 +18,7 @@ from specdec.config import DRAFTERS, TASKS
 from specdec.errors import InvalidRequestError, UnsupportedError
 from specdec.grammar import GUIDE_FIELD, Guide
 from specdec.logits_processing import LogitsOptions
+from specdec.logprobs import MAX_TOP_LOGPROBS
 from specdec.sampling import SamplingParams
 
 REQUEST_TASKS = ("auto", *TASKS)
@@ -58,6 +59,8 @@ class RequestOptions:
     bad_words: tuple[str, ...] = ()  # TensorRT-LLM's: never completed
     stop_words: tuple[str, ...] = ()  # the output ends at the token that completes one of these texts (kept)
     guide: Guide | None = None  # structured output (TensorRT-LLM's guided_decoding_guide_type / _guide)
+    # return_log_probs: the output tokens' log-probabilities, with this many top alternatives each (None: none).
+    logprobs: int | None = None
 
 
 def _scalar(inputs: Mapping[str, np.ndarray], name: str) -> object | None:
@@ -122,8 +125,12 @@ def parse_request(inputs: Mapping[str, np.ndarray], limits: ServerLimits) -> Req
         raise InvalidRequestError("max_tokens", "is required")
     for name in ("beam_width", "num_return_sequences"):
         _require_default(inputs, name, 1, f"{name} > 1")
-    for name in ("return_log_probs", "return_context_logits", "return_generation_logits"):
+    for name in ("return_context_logits", "return_generation_logits"):
         _require_default(inputs, name, False, name)
+    top_log_probs = _int(inputs, "num_top_log_probs", 0, MAX_TOP_LOGPROBS, 0)
+    logprobs = top_log_probs if _bool(inputs, "return_log_probs", False) else None
+    if top_log_probs and logprobs is None:
+        raise InvalidRequestError("num_top_log_probs", "needs return_log_probs")
     _require_default(inputs, "length_penalty", 1.0, "length_penalty (beam search)")
     verify_threshold = _float(inputs, "verify_threshold")
     if verify_threshold is not None and not 0 < verify_threshold <= 1:
@@ -146,6 +153,7 @@ def parse_request(inputs: Mapping[str, np.ndarray], limits: ServerLimits) -> Req
         bad_words=_words(inputs, "bad_words"),
         stop_words=_words(inputs, "stop_words"),
         guide=parse_guide(inputs),
+        logprobs=logprobs,
     )
 
 

@@ -38,6 +38,8 @@ PUBLIC_INPUTS = (
     TensorSpec("bad_words", "STRING", (-1,), optional=True),
     TensorSpec("exclude_input_in_output", "BOOL", optional=True),
     TensorSpec("return_log_probs", "BOOL", optional=True),
+    # With return_log_probs: this many of each token's most probable alternatives too (0-20; an extension).
+    TensorSpec("num_top_log_probs", "INT32", optional=True),
     TensorSpec("return_context_logits", "BOOL", optional=True),
     TensorSpec("return_generation_logits", "BOOL", optional=True),
     TensorSpec("return_perf_metrics", "BOOL", optional=True),
@@ -78,7 +80,14 @@ STATS_OUTPUTS = (
 # always 0 here (one prompt per request, num_return_sequences 1) and are declared because its clients ask for them.
 TEXT_OUTPUT = TensorSpec("text_output", "STRING", (-1,))
 INDEX_OUTPUTS = (TensorSpec("batch_index", "INT32"), TensorSpec("sequence_index", "INT32"))
-PUBLIC_OUTPUTS = (TEXT_OUTPUT, *STATS_OUTPUTS, *INDEX_OUTPUTS)
+# With return_log_probs, for the tokens each response adds (empty otherwise): TensorRT-LLM's output_log_probs
+# [beam, tokens] and cum_log_probs [beam] (the running sum), and as extensions the tokens themselves and their
+# rows' most probable alternatives (num_top_log_probs of them) [tokens, k].
+LOGPROB_OUTPUTS = (TensorSpec("output_log_probs", "FP32", (-1, -1)), TensorSpec("cum_log_probs", "FP32", (-1,)),
+                   TensorSpec("output_token_ids", "INT32", (-1,)), TensorSpec("top_log_prob_ids", "INT32", (-1, -1)),
+                   TensorSpec("top_log_probs", "FP32", (-1, -1)))
+PASSED_THROUGH = (*STATS_OUTPUTS, *LOGPROB_OUTPUTS)  # from speculative_decoding through postprocessing unchanged
+PUBLIC_OUTPUTS = (TEXT_OUTPUT, *PASSED_THROUGH, *INDEX_OUTPUTS)
 
 # ---- preprocessing ----
 PREPROCESSING_INPUTS = (PUBLIC_INPUTS[0],)
@@ -90,7 +99,7 @@ TOKEN_OUTPUTS = (TensorSpec("output_ids", "INT32", (-1,)), TensorSpec("prefix_id
 # Names the generation a chunk belongs to, so postprocessing can report it abandoned when the ensemble's client
 # is gone (cancellation does not reach speculative_decoding through an ensemble on Triton 2.51).
 GENERATION_ID = TensorSpec("generation_id", "UINT64", optional=True)
-GENERATION_OUTPUTS = (*TOKEN_OUTPUTS, *STATS_OUTPUTS, GENERATION_ID)
+GENERATION_OUTPUTS = (*TOKEN_OUTPUTS, *PASSED_THROUGH, GENERATION_ID)
 
 # ---- postprocessing: token chunks in, text out; statistics pass through ----
 POSTPROCESSING_INPUTS = GENERATION_OUTPUTS

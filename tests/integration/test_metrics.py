@@ -112,6 +112,10 @@ def test_metrics_agree_with_the_responses(server, all_prompts):
     assert delta.total("nv_inference_request_failure", model="ensemble") >= 1
 
 
+GUIDED_SCHEMA = '{"type": "object", "properties": {"name": {"type": "string"}, "size": {"type": "integer"}}, ' \
+                '"required": ["name", "size"], "additionalProperties": false}'
+
+
 def test_dashboard_queries_return_data_on_a_real_prometheus(server, all_prompts, tmp_path):
     """Every PromQL query of the Grafana dashboard parses and (GPU panels aside) returns series."""
     spec = importlib.util.spec_from_file_location("check_queries", REPO_ROOT / "docker/monitoring/check_queries.py")
@@ -131,8 +135,18 @@ def test_dashboard_queries_return_data_on_a_real_prometheus(server, all_prompts,
             generate_grpc(server.grpc_url, {"text_input": prompts[0], "max_tokens": 12, "task": "code"})
             generate_grpc(server.grpc_url, {"text_input": repeating, "max_tokens": 24, "task": "code",
                                             "drafter": "model+ngram"})
+            # Constrained requests: a schema's keys are drafted by its grammar, and the draft model's code-like
+            # proposals for a run of digits are cut.
+            generate_grpc(server.grpc_url, {"text_input": prompts[0], "max_tokens": 24, "drafter": "model",
+                                            "guided_decoding_guide_type": "json_schema",
+                                            "guided_decoding_guide": GUIDED_SCHEMA})
+            generate_grpc(server.grpc_url, {"text_input": prompts[0], "max_tokens": 12, "drafter": "model",
+                                            "guided_decoding_guide_type": "regex",
+                                            "guided_decoding_guide": "[0-9]{12}"})
             if all(check_queries.evaluate(prometheus, f"sum(rate({name}[1m])) > 0")[1]
-                   for name in ("specdec_output_tokens_total", "specdec_lookup_accepted_draft_tokens_total")):
+                   for name in ("specdec_output_tokens_total", "specdec_lookup_accepted_draft_tokens_total",
+                                "specdec_grammar_accepted_draft_tokens_total",
+                                "specdec_grammar_pruned_draft_tokens_total")):
                 break
         time.sleep(2)
         rows = check_queries.check(prometheus, rate="1m", range_="2m")

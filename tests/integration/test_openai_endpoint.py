@@ -200,3 +200,22 @@ def test_response_format_json_schema_with_the_official_client(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, extra_body={"guided_regex": "(unclosed"})
     assert "guided_decoding_guide" in info.value.message
+
+
+def test_log_probabilities_with_the_official_client(client):
+    """Chat logprobs with top_logprobs and completions logprobs: one entry per token, the same with speculation
+    on and off."""
+    messages = [{"role": "user", "content": "Say hello."}]
+    answers = [client.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0,
+                                              logprobs=True, top_logprobs=3, extra_body=extra)
+               for extra in ({"num_draft_tokens": 0}, {"num_draft_tokens": 3})]
+    contents = [answer.choices[0].logprobs.content for answer in answers]
+    assert len(contents[0]) == answers[0].usage.completion_tokens > 0
+    assert [c.token for c in contents[0]] == [c.token for c in contents[1]]
+    assert all(abs(a.logprob - b.logprob) < 5e-4 for a, b in zip(*contents, strict=True))
+    assert all(len(c.top_logprobs) == 3 and c.top_logprobs[0].logprob >= c.logprob for c in contents[0])
+    assert "".join(c.token for c in contents[0]) == answers[0].choices[0].message.content
+    text = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0, logprobs=2)
+    logprobs = text.choices[0].logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == 8
+    assert "".join(logprobs.tokens) == text.choices[0].text and logprobs.text_offset[0] == 0

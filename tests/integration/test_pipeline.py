@@ -185,6 +185,23 @@ def test_structured_outputs_through_the_ensemble(server, all_prompts, guide_type
             assert generate_grpc(server.grpc_url, {**base, **shape}).text == plain.text, (prompt, shape)
 
 
+def test_log_probabilities_through_the_ensemble(server, all_prompts):
+    """return_log_probs: output_log_probs / cum_log_probs (TensorRT-LLM's) and the tokens they belong to, streamed
+    or not, equal between plain and speculative decoding (chain and tree), with a grammar too."""
+    for _, prompt in all_prompts[:3]:
+        base = {"text_input": prompt, "max_tokens": MAX_TOKENS, "exclude_input_in_output": True,
+                "return_log_probs": True, "num_top_log_probs": 2}
+        plain = generate_grpc(server.grpc_url, {**base, "num_draft_tokens": 0})
+        assert len(plain.log_probs) == len(plain.token_ids) == plain.num_output_tokens > 0
+        assert all(value <= 0 for value in plain.log_probs)
+        assert plain.cum_log_prob == pytest.approx(sum(plain.log_probs), abs=1e-3)
+        for shape in ({"num_draft_tokens": 4}, {"num_draft_tokens": 3, "num_candidates": 3}, {"stream": True}):
+            other = generate_grpc(server.grpc_url, {**base, **shape})
+            assert other.token_ids == plain.token_ids, shape
+            np.testing.assert_allclose(other.log_probs, plain.log_probs, atol=5e-4)
+    assert not generate_grpc(server.grpc_url, {"text_input": "hi", "max_tokens": 4}).log_probs
+
+
 def grpc_error(server, inputs: list[grpcclient.InferInput]) -> str:
     """The error a gRPC stream (decoupled models need one) answers to these raw inputs."""
     client = grpcclient.InferenceServerClient(server.grpc_url)

@@ -168,8 +168,21 @@ def http_cases() -> Iterator[dict]:
     for value in (2, 0):
         yield http(f"num_return_sequences/{value}", "unsupported", {**BASE, "num_return_sequences": value},
                    rejected("num_return_sequences"))
-    for name in ("return_log_probs", "return_context_logits", "return_generation_logits"):
+    for name in ("return_context_logits", "return_generation_logits"):
         yield http(f"{name}/true", "unsupported", {**BASE, name: True}, rejected(name))
+    yield http("return_log_probs/true", "range", {**BASE, "return_log_probs": True},
+               ok("log-probabilities are returned"))
+    for value in (-1, 21, INT32_MAX):
+        yield http(f"num_top_log_probs/{value}", "range", {**BASE, "return_log_probs": True,
+                                                           "num_top_log_probs": value}, rejected("num_top_log_probs"))
+    for name, value in (("guided_decoding_guide", "(unclosed"), ("guided_decoding_guide", "[a-")):
+        yield http(f"guided_regex/{value}", "range", {**BASE, "guided_decoding_guide_type": "regex", name: value},
+                   rejected(name))
+    yield http("guided_json_schema/not_json", "range",
+               {**BASE, "guided_decoding_guide_type": "json_schema", "guided_decoding_guide": "{"},
+               rejected("guided_decoding_guide"))
+    yield http("guided_type/xml", "range", {**BASE, "guided_decoding_guide_type": "xml"},
+               rejected("guided_decoding_guide_type"))
     for name, value in (("repetition_penalty", 0.0), ("repetition_penalty", -1.0), ("repetition_penalty", math.nan),
                         ("presence_penalty", 1e9), ("frequency_penalty", -1e9), ("frequency_penalty", math.inf)):
         yield http(f"{name}/{value}", "range", {**BASE, name: value}, rejected(name))

@@ -239,16 +239,16 @@ def test_a_masked_target_keeps_its_law_under_rejection_sampling_from_an_unmasked
 
 # ---- with the EAGLE head ----
 
-def test_the_eagle_head_with_the_grammars_drafts_keeps_the_constrained_answer(grammars, tokenizer, prompts):
+def test_the_eagle_head_with_the_grammars_drafts_keeps_the_constrained_answer(grammars, tokenizer, prompts,
+                                                                            make_inprocess_backend, make_eagle_head):
     import tempfile
 
-    from conftest import _inprocess_backend, make_tiny_eagle
     from specdec.engines import DraftEngine
     from specdec.runtime.torch_llama import TorchLlamaRuntime
 
     with tempfile.TemporaryDirectory() as folder:
-        eagle_dir = make_tiny_eagle(Path(folder) / "eagle", PAIR_12M / "target", seed=3)
-        with_eagle = _inprocess_backend((PAIR_12M / "target", PAIR_12M / "draft"), max_length=200)
+        eagle_dir = make_eagle_head(Path(folder) / "eagle", PAIR_12M / "target", seed=3)
+        with_eagle = make_inprocess_backend((PAIR_12M / "target", PAIR_12M / "draft"), max_length=200)
         with_eagle.eagle = DraftEngine(TorchLlamaRuntime(eagle_dir, num_slots=4, max_length=200), idle_timeout_s=60)
         guide = GUIDES["json_schema"]
         for prompt in prompts:
@@ -277,3 +277,14 @@ def test_a_constrained_request_drafts_with_the_constrained_drafter_at_any_temper
     plain = resolve(config, "json", None, drafter=None, sampling=False, constrained=True,
                     **{**common, "num_draft_tokens": 0})
     assert not plain.enabled and not plain.grammar_drafting
+
+
+def test_a_tokenizer_the_engine_cannot_read_refuses_guides_only():
+    from tokenizers import Tokenizer, decoders, models
+
+    wordpiece = Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1, "##b": 2}, unk_token="[UNK]"))
+    wordpiece.decoder = decoders.WordPiece()
+    grammars = Grammars(wordpiece.to_str(), 3, [0])  # made without complaint: the server loads
+    for _ in range(2):
+        with pytest.raises(UnsupportedError, match="guided_decoding_guide_type: guided decoding is not available"):
+            grammars.constraint(Guide("json"))

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 from specdec_client.openai_api.app import StopScanner, create_app
-from specdec_client.openai_api.triton import BackendError, Chunk, classify
+from specdec_client.openai_api.triton import BackendError, Chunk, TokenLogprob, classify
 
 MODEL = "ensemble"
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
@@ -26,6 +26,9 @@ class FakeTokenizer:
         from jinja2 import Template
 
         return Template(chat_template).render(messages=conversation, add_generation_prompt=add_generation_prompt)
+
+    def decode(self, ids: list[int]) -> str:
+        return f"t{ids[0]}"
 
 
 class ScriptedBackend:
@@ -53,7 +56,12 @@ class ScriptedBackend:
         finished = False
         try:
             for i, piece in enumerate(pieces):
-                yield Chunk(piece, num_input_tokens=5, num_output_tokens=1, stats=STATS, final=i == len(pieces) - 1)
+                logprobs = []
+                if options.get("return_log_probs"):  # token i, log-probability -(i + 1) / 10, alternatives after it
+                    top = [(i, -(i + 1) / 10), (90 + i, -(i + 1) / 10 - 1)][:options.get("num_top_log_probs") or 0]
+                    logprobs = [TokenLogprob(i, -(i + 1) / 10, tuple(top))]
+                yield Chunk(piece, num_input_tokens=5, num_output_tokens=1, stats=STATS, final=i == len(pieces) - 1,
+                            logprobs=logprobs)
             finished = True
         finally:
             self.closed_early += not finished
@@ -219,7 +227,7 @@ def test_chat_without_a_template_is_a_clear_400():
     ({"n": 17}, "n"),
     ({"n": 0}, "n"),
     ({"seed": -1}, "seed"),
-    ({"logprobs": 2}, "logprobs"),
+    ({"logprobs": 21}, "logprobs"),
     ({"presence_penalty": 2.5}, "presence_penalty"),
     ({"frequency_penalty": -3}, "frequency_penalty"),
     ({"logit_bias": {"x": 1}}, "logit_bias"),
@@ -374,4 +382,51 @@ def test_bad_structured_output_fields_get_400(extra, param):
         run(client_for(backend, FakeTokenizer()).chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "hi"}], extra_body=extra))
     assert info.value.status_code == 400 and param in (info.value.body["param"] or "body") + info.value.message
+    assert not backend.calls
+
+
+def test_log_probabilities_in_openai_shapes():
+    """Chat: logprobs.content per token with top_logprobs; completions: tokens, token_logprobs, top_logprobs and
+    text_offset; streamed chunks carry their own tokens'; the ensemble is asked with return_log_probs."""
+    backend = ScriptedBackend(["Hello", ",", " world"])
+    client = client_for(backend, FakeTokenizer())
+
+    async def go():
+        chat = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                    logprobs=True, top_logprobs=2)
+        plain = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+        text = await client.completions.create(model=MODEL, prompt="p", logprobs=1, echo=True)
+        stream = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                      logprobs=True, stream=True)
+        chunks = [chunk async for chunk in stream]
+        return chat, plain, text, chunks
+
+    chat, plain, text, chunks = run(go())
+    content = chat.choices[0].logprobs.content
+    assert [(c.token, c.logprob) for c in content] == [("t0", -0.1), ("t1", -0.2), ("t2", -0.3)]
+    assert [(t.token, t.logprob) for t in content[2].top_logprobs] == [("t2", -0.3), ("t92", pytest.approx(-1.3))]
+    assert content[0].bytes == list(b"t0")
+    assert plain.choices[0].logprobs is None
+    assert backend.calls[0][2]["return_log_probs"] is True and backend.calls[0][2]["num_top_log_probs"] == 2
+    assert backend.calls[1][2]["return_log_probs"] is None
+    logprobs = text.choices[0].logprobs
+    assert logprobs.tokens == ["t0", "t1", "t2"] and logprobs.token_logprobs == [-0.1, -0.2, -0.3]
+    assert logprobs.top_logprobs == [{"t0": -0.1}, {"t1": -0.2}, {"t2": -0.3}]
+    assert logprobs.text_offset == [1, 3, 5]  # after the echoed prompt "p"
+    streamed = [c.token for chunk in chunks for choice in chunk.choices if choice.logprobs
+                for c in choice.logprobs.content]
+    assert streamed == ["t0", "t1", "t2"]
+
+
+@pytest.mark.parametrize("kwargs, param", [
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"logprobs": 1}, "logprobs"),
+])
+def test_bad_log_probability_fields_get_400(kwargs, param):
+    backend = ScriptedBackend(["x"])
+    with pytest.raises(openai.BadRequestError) as info:
+        run(client_for(backend, FakeTokenizer()).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], **kwargs))
+    assert info.value.status_code == 400 and param in (info.value.body["param"] or "") + info.value.message
     assert not backend.calls

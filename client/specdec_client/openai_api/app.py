@@ -25,7 +25,7 @@ from sse_starlette import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec_client.openai_api.schemas import ChatCompletionRequest, CompletionRequest, _Request
-from specdec_client.openai_api.triton import BackendError, Chunk
+from specdec_client.openai_api.triton import BackendError, Chunk, TokenLogprob
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
 DISCONNECT_POLL_S = 0.1
@@ -129,33 +129,46 @@ class Outcome:
         }
 
 
+@dataclass
+class Piece:
+    """Text a generation adds, with the log-probabilities of the tokens that brought it (where asked)."""
+
+    text: str
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
 async def _pieces(first: Chunk | None, rest: AsyncIterator[Chunk], outcome: Outcome,
-                  stops: list[str]) -> AsyncIterator[str]:
-    """Text pieces of a generation, cut at the first stop sequence (the backend stream is closed after)."""
+                  stops: list[str]) -> AsyncIterator[Piece]:
+    """Text pieces of a generation, cut at the first stop sequence (the backend stream is closed after). A
+    token's log-probability goes out with the first piece after its chunk arrived (a chunk that completes a stop
+    sequence keeps all of its tokens')."""
     scanner = StopScanner(stops)
+    held: list[TokenLogprob] = []
     try:
         chunk = first
         while chunk is not None:
             outcome.add(chunk)
+            held += chunk.logprobs
             text, stopped = scanner.push(chunk.text)
-            if text:
-                yield text
+            if text or (stopped and held):
+                yield Piece(text, held)
+                held = []
             if stopped:
                 outcome.finish_reason = "stop"
                 return
             chunk = await anext(rest, None)
-        if tail := scanner.flush():
-            yield tail
+        if (tail := scanner.flush()) or held:
+            yield Piece(tail, held)
         outcome.finish_reason = "length" if outcome.completion_tokens >= outcome.max_tokens else "stop"
     finally:
         await rest.aclose()  # cancels the gRPC call when the generation is not over
 
 
-async def _merged(streams: list[AsyncIterator[str]]) -> AsyncIterator[tuple[int, str | None]]:
+async def _merged(streams: list[AsyncIterator[Piece]]) -> AsyncIterator[tuple[int, Piece | None]]:
     """(choice, piece) from several choices' pieces as they come, and (choice, None) once a choice is done."""
-    queue: asyncio.Queue[tuple[int, str | BaseException | None]] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, Piece | BaseException | None]] = asyncio.Queue()
 
-    async def pump(index: int, stream: AsyncIterator[str]) -> None:
+    async def pump(index: int, stream: AsyncIterator[Piece]) -> None:
         try:
             async for piece in stream:
                 await queue.put((index, piece))
@@ -228,6 +241,9 @@ def create_app(backend: Backend, served_model: str = "ensemble", tokenizer: Any 
         if body.model != served_model:
             raise APIError(404, f"The model `{body.model}` does not exist; this endpoint serves `{served_model}`",
                            param="model", code="model_not_found")
+        if body.wants_logprobs() and tokenizer is None:
+            raise APIError(400, "log-probabilities name their tokens: start the endpoint with --tokenizer",
+                           param="logprobs")
 
     async def token_limit(requested: int | None, default: int | None) -> int:
         """max_tokens for the ensemble: the request's, checked against the server's limit, or `default`."""
@@ -255,7 +271,7 @@ def create_app(backend: Backend, served_model: str = "ensemble", tokenizer: Any 
             raise
 
     async def open_choices(text_input: str, body: _Request,
-                           max_tokens: int) -> tuple[list[Outcome], list[AsyncIterator[str]]]:
+                           max_tokens: int) -> tuple[list[Outcome], list[AsyncIterator[Piece]]]:
         """The request's `n` generations, started together: each choice's outcome and text pieces."""
         opened = await asyncio.gather(*(open_stream(text_input, body, max_tokens, i) for i in range(body.n)),
                                       return_exceptions=True)
@@ -270,11 +286,42 @@ def create_app(backend: Backend, served_model: str = "ensemble", tokenizer: Any 
                   for (first, stream), outcome in zip(opened, outcomes, strict=True)]
         return outcomes, pieces
 
-    async def collect_all(pieces: list[AsyncIterator[str]]) -> list[str]:
-        async def collect(stream: AsyncIterator[str]) -> str:
-            return "".join([piece async for piece in stream])
+    async def collect_all(pieces: list[AsyncIterator[Piece]]) -> list[Piece]:
+        async def collect(stream: AsyncIterator[Piece]) -> Piece:
+            whole = Piece("")
+            async for piece in stream:
+                whole.text += piece.text
+                whole.logprobs += piece.logprobs
+            return whole
 
         return list(await asyncio.gather(*(collect(stream) for stream in pieces)))
+
+    def token_text(token: int) -> str:
+        return tokenizer.decode([token])
+
+    def chat_logprobs(body: _Request, entries: list[TokenLogprob]) -> dict[str, Any] | None:
+        """OpenAI chat's `logprobs`: {"content": [{token, logprob, bytes, top_logprobs}]}."""
+        if not body.wants_logprobs():
+            return None
+
+        def item(token: int, logprob: float) -> dict[str, Any]:
+            text = token_text(token)
+            return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+        return {"content": [{**item(e.token, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]}
+                            for e in entries], "refusal": None}
+
+    def completion_logprobs(body: _Request, entries: list[TokenLogprob], offset: int) -> dict[str, Any] | None:
+        """OpenAI completions' `logprobs`: tokens, token_logprobs, top_logprobs, text_offset (from `offset`)."""
+        if not body.wants_logprobs():
+            return None
+        tokens = [token_text(e.token) for e in entries]
+        offsets = []
+        for text in tokens:
+            offsets.append(offset)
+            offset += len(text)
+        return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
+                "top_logprobs": [{token_text(t): lp for t, lp in e.top} for e in entries], "text_offset": offsets}
 
     async def until_disconnected(request: Request, work: Any) -> Any:
         """Await `work`; cancel it (and so the generation) when the client goes away first."""
@@ -331,22 +378,29 @@ def create_app(backend: Backend, served_model: str = "ensemble", tokenizer: Any 
             return {"id": rid, "object": "text_completion", "created": created, "model": served_model,
                     "choices": choices, **extra}
 
-        def choice(index: int, text: str, finish_reason: str | None) -> dict[str, Any]:
-            return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        echoed = len(body.prompt) if body.echo else 0
+        offsets = [echoed] * body.n  # where each choice's next token starts in its text
+
+        def choice(index: int, text: str, finish_reason: str | None,
+                   entries: list[TokenLogprob] | None = None) -> dict[str, Any]:
+            logprobs = completion_logprobs(body, entries or [], offsets[index])
+            offsets[index] += sum(len(token) for token in (logprobs or {}).get("tokens", []))
+            return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
         if not body.stream:
-            texts = await until_disconnected(request, collect_all(pieces))
-            return envelope([choice(i, body.prompt + text if body.echo else text, outcome.finish_reason)
-                             for i, (text, outcome) in enumerate(zip(texts, outcomes, strict=True))],
+            answers = await until_disconnected(request, collect_all(pieces))
+            return envelope([choice(i, body.prompt + answer.text if body.echo else answer.text,
+                                    outcome.finish_reason, answer.logprobs)
+                             for i, (answer, outcome) in enumerate(zip(answers, outcomes, strict=True))],
                             usage=_total_usage(outcomes), speculation=_total_speculation(outcomes))
 
         async def events() -> AsyncIterator[dict[str, Any]]:
             usage = {"usage": None} if body.include_usage() else {}
             if body.echo:
-                yield envelope([choice(i, body.prompt, None) for i in range(body.n)], **usage)
+                yield envelope([{**choice(i, body.prompt, None), "logprobs": None} for i in range(body.n)], **usage)
             async for i, piece in _merged(pieces):
                 if piece is not None:
-                    yield envelope([choice(i, piece, None)], **usage)
+                    yield envelope([choice(i, piece.text, None, piece.logprobs)], **usage)
                 else:
                     yield envelope([choice(i, "", outcomes[i].finish_reason)], **usage,
                                    speculation=outcomes[i].speculation())
@@ -368,15 +422,17 @@ def create_app(backend: Backend, served_model: str = "ensemble", tokenizer: Any 
                     "system_fingerprint": None, **extra}
 
         if not body.stream:
-            texts = await until_disconnected(request, collect_all(pieces))
+            answers = await until_disconnected(request, collect_all(pieces))
             return envelope("chat.completion", [
-                {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                 "finish_reason": outcome.finish_reason}
-                for i, (text, outcome) in enumerate(zip(texts, outcomes, strict=True))],
+                {"index": i, "message": {"role": "assistant", "content": answer.text},
+                 "logprobs": chat_logprobs(body, answer.logprobs), "finish_reason": outcome.finish_reason}
+                for i, (answer, outcome) in enumerate(zip(answers, outcomes, strict=True))],
                 usage=_total_usage(outcomes), speculation=_total_speculation(outcomes))
 
-        def delta(index: int, content: dict[str, Any], finish_reason: str | None) -> list[dict[str, Any]]:
-            return [{"index": index, "delta": content, "logprobs": None, "finish_reason": finish_reason}]
+        def delta(index: int, content: dict[str, Any], finish_reason: str | None,
+                  entries: list[TokenLogprob] | None = None) -> list[dict[str, Any]]:
+            logprobs = chat_logprobs(body, entries) if entries else None
+            return [{"index": index, "delta": content, "logprobs": logprobs, "finish_reason": finish_reason}]
 
         async def events() -> AsyncIterator[dict[str, Any]]:
             usage = {"usage": None} if body.include_usage() else {}
@@ -384,7 +440,8 @@ def create_app(backend: Backend, served_model: str = "ensemble", tokenizer: Any 
                 yield envelope("chat.completion.chunk", delta(i, {"role": "assistant", "content": ""}, None), **usage)
             async for i, piece in _merged(pieces):
                 if piece is not None:
-                    yield envelope("chat.completion.chunk", delta(i, {"content": piece}, None), **usage)
+                    yield envelope("chat.completion.chunk", delta(i, {"content": piece.text}, None, piece.logprobs),
+                                   **usage)
                 else:
                     yield envelope("chat.completion.chunk", delta(i, {}, outcomes[i].finish_reason), **usage,
                                    speculation=outcomes[i].speculation())

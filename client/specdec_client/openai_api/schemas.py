@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI API subset served here, validated with pydantic (wrong types and values: 400).
 
-Fields OpenAI defines that would change the output in a way this server does not implement (logprobs,
-tools, ...) are accepted only at their no-op value and refused otherwise, never ignored. Unknown fields are
+Fields OpenAI defines that would change the output in a way this server does not implement (tools,
+best_of, ...) are accepted only at their no-op value and refused otherwise, never ignored. Unknown fields are
 refused too. Speculation controls of the ensemble and vLLM's guided decoding fields ride along as extensions;
 structured outputs (response_format, guided_*) reach the ensemble as one guided_decoding guide.
 """
@@ -17,6 +17,7 @@ MAX_STOP_SEQUENCES = 4
 MAX_SEED = (1 << 64) - 1
 MAX_LOGIT_BIAS_ENTRIES = 1024
 MAX_CHOICES = 16
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit (top_logprobs; completions' logprobs is capped at 5 there, 20 here as vLLM)
 
 
 class StreamOptions(BaseModel):
@@ -107,6 +108,13 @@ class _Request(BaseModel):
         self.guide()
         return self
 
+    def wants_logprobs(self) -> bool:
+        return self.top_logprobs_asked() is not None
+
+    def top_logprobs_asked(self) -> int | None:
+        """How many alternatives per token the request asks for (None: no log-probabilities)."""
+        return None
+
     def stop_sequences(self) -> list[str]:
         return list(self.stop or [])
 
@@ -132,13 +140,15 @@ class _Request(BaseModel):
             "logit_bias_values": list(self.logit_bias.values()) if self.logit_bias else None,
             **dict(zip(("guided_decoding_guide_type", "guided_decoding_guide"), self.guide() or (None, None),
                        strict=True)),
+            "return_log_probs": True if self.wants_logprobs() else None,
+            "num_top_log_probs": self.top_logprobs_asked() or None,
         }
 
 
 class CompletionRequest(_Request):
     prompt: str | list[str]
     echo: StrictBool = False
-    logprobs: Literal[0] | None = None
+    logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None  # alternatives per token
     best_of: Literal[1] | None = None
     suffix: None = None
 
@@ -152,6 +162,9 @@ class CompletionRequest(_Request):
         if not value:
             raise ValueError("the prompt is empty")
         return value
+
+    def top_logprobs_asked(self) -> int | None:
+        return self.logprobs
 
 
 class TextPart(BaseModel):
@@ -202,8 +215,8 @@ class ResponseFormat(BaseModel):
 class ChatCompletionRequest(_Request):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
-    logprobs: Literal[False] | None = None
-    top_logprobs: None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     response_format: ResponseFormat | None = None
     tools: Annotated[list[Any], Field(max_length=0)] | None = None
     tool_choice: Literal["none"] | None = None
@@ -213,7 +226,12 @@ class ChatCompletionRequest(_Request):
     def _one_limit(self) -> ChatCompletionRequest:
         if self.max_tokens is not None and self.max_completion_tokens is not None:
             raise ValueError("give max_tokens or max_completion_tokens, not both")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
         return self
+
+    def top_logprobs_asked(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def _guides(self) -> list[tuple[str, tuple[str, str]]]:
         guides = super()._guides()

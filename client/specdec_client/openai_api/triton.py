@@ -26,6 +26,15 @@ _FIELD_ERROR = re.compile(r"(?:^|[\s,'])(" + "|".join(["text_input", *INPUT_DTYP
 _BUSY = ("server busy", "KV slots", "maximum queue size", "queue timeout", "Request timeout expired", "deadline")
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A token a response adds: its id, log-probability and its row's most probable (id, log-probability)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass
 class Chunk:
     """One response of the ensemble."""
@@ -35,6 +44,22 @@ class Chunk:
     num_output_tokens: int  # tokens this response adds (return_num_output_tokens)
     stats: dict[str, float] = field(default_factory=dict)
     final: bool = False
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # with return_log_probs
+
+
+def _logprobs(result: Any) -> list[TokenLogprob]:
+    """The ensemble's LOGPROB_OUTPUTS of one response (empty where it carries none)."""
+    values, tokens = result.as_numpy("output_log_probs"), result.as_numpy("output_token_ids")
+    if values is None or tokens is None or not values.size:
+        return []
+    top_ids, top_values = result.as_numpy("top_log_prob_ids"), result.as_numpy("top_log_probs")
+    count = values.size
+    top_ids = top_ids.reshape(count, -1) if top_ids is not None else np.zeros((count, 0), np.int32)
+    top_values = top_values.reshape(count, -1) if top_values is not None else np.zeros((count, 0), np.float32)
+    return [TokenLogprob(int(token), float(value), tuple((int(t), float(v)) for t, v in zip(ids, lps, strict=True)
+                                                         if np.isfinite(v)))
+            for token, value, ids, lps in zip(tokens.reshape(-1), values.reshape(-1), top_ids, top_values,
+                                              strict=True)]
 
 
 class BackendError(Exception):
@@ -129,6 +154,7 @@ class TritonBackend:
                     num_output_tokens=int(_scalar(result, "num_output_tokens") or 0),
                     stats={name: value for name in STAT_NAMES if (value := _scalar(result, name)) is not None},
                     final=final is None or final.bool_param,
+                    logprobs=_logprobs(result),
                 )
                 if final is None or final.bool_param:
                     return

@@ -12,7 +12,7 @@ import triton_python_backend_utils as pb_utils
 from specdec.detokenize import decode_chunk
 from specdec.liveness import AbandonedGenerations
 from specdec.tokenizer import TextTokenizer
-from specdec_triton.contract import INDEX_OUTPUTS, STATS_OUTPUTS
+from specdec_triton.contract import INDEX_OUTPUTS, PASSED_THROUGH
 from specdec_triton.tensors import error_response, model_parameters, tokenizer_dir
 
 
@@ -39,7 +39,7 @@ class TritonPythonModel:
                 text = decode_chunk(self.tokenizer.decode, ids("prefix_ids"), ids("output_ids"))
                 # Flattened over batch x beam as TensorRT-LLM's postprocessing returns it: shape [1] (contract.py).
                 outputs = [pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=object))]
-                for spec in STATS_OUTPUTS:
+                for spec in PASSED_THROUGH:
                     tensor = pb_utils.get_input_tensor_by_name(request, spec.name)
                     if tensor is not None:
                         outputs.append(pb_utils.Tensor(spec.name, tensor.as_numpy()))

@@ -21,11 +21,18 @@ from specdec.config import SpeculationConfig, drafters_served, resolve
 from specdec.detokenize import IncrementalDetokenizer
 from specdec.errors import DeadlineExceededError, InvalidRequestError
 from specdec.fallback import FallbackMonitor
-from specdec.generation import DEFAULT_PREFILL_CHUNK, GenerationRequest, GenerationStats, SpeculativeGenerator
+from specdec.generation import (
+    DEFAULT_PREFILL_CHUNK,
+    GenerationRequest,
+    GenerationStats,
+    GenerationUpdate,
+    SpeculativeGenerator,
+)
 from specdec.grammar import Grammars
 from specdec.kv_memory import DEFAULT_BLOCK_SIZE, KVPoolConfig
 from specdec.liveness import AbandonedGenerations, StopCheck, generation_deadline_s
 from specdec.logits_processing import LogitsOptions
+from specdec.logprobs import TokenLogprob
 from specdec.metrics import ACTIVE_REQUESTS, UNKNOWN_TASK, GenerationMetrics, ProcessMetrics, RequestTimer
 from specdec.params import RequestOptions, ServerLimits, parse_request
 from specdec.tokenizer import TextTokenizer
@@ -60,11 +67,18 @@ def stats_tensors(stats: GenerationStats, num_input_tokens: int, num_output_toke
 
 
 class Responder:
-    """Builds a generation's responses: token chunks plus statistics."""
+    """Builds a generation's responses: token chunks plus statistics, and the log-probabilities of the tokens
+    each response adds (`logprobs`: one per output token so far, where asked)."""
 
-    def __init__(self, stats: GenerationStats, num_input_tokens: int, per_response: bool, generation_id: int):
+    def __init__(self, stats: GenerationStats, num_input_tokens: int, per_response: bool, generation_id: int,
+                 top_log_probs: int | None = None):
         self.stats, self.num_input_tokens, self.per_response = stats, num_input_tokens, per_response
         self.generation_id = generation_id
+        self.top = top_log_probs
+        self.tokens: list[int] = []  # the output so far
+        self.logprobs: list[TokenLogprob] = []
+        self.sent = 0  # output tokens whose log-probabilities went out
+        self.cumulative = 0.0
 
     def response(self, prefix: list[int], chunk: list[int], new_tokens: int) -> Any:
         """`new_tokens`: generated tokens this response adds (num_output_tokens with return_num_output_tokens)."""
@@ -72,8 +86,31 @@ class Responder:
         return pb_utils.InferenceResponse([
             ids_tensor("output_ids", chunk), ids_tensor("prefix_ids", prefix),
             *stats_tensors(self.stats, self.num_input_tokens, count),
+            *self._logprob_tensors(new_tokens),
             pb_utils.Tensor("generation_id", np.array([[self.generation_id]], np.uint64)),
         ])
+
+    def add(self, update: GenerationUpdate) -> None:
+        self.tokens.extend(update.token_ids)
+        self.logprobs.extend(update.logprobs or [])
+
+    def _logprob_tensors(self, new_tokens: int) -> list[Any]:
+        """LOGPROB_OUTPUTS for the next `new_tokens` output tokens (empty where not asked)."""
+        entries = self.logprobs[self.sent:self.sent + new_tokens] if self.top is not None else []
+        self.sent += len(entries)
+        values = np.asarray([e.logprob for e in entries], np.float32)
+        self.cumulative += float(values.astype(np.float64).sum())
+        k = self.top or 0
+        top_ids, top_values = np.zeros((len(entries), k), np.int32), np.full((len(entries), k), -np.inf, np.float32)
+        for row, entry in enumerate(entries):
+            for column, (token, logprob) in enumerate(entry.top):
+                top_ids[row, column], top_values[row, column] = token, logprob
+        return [pb_utils.Tensor("output_log_probs", values.reshape(1, 1, -1)),
+                pb_utils.Tensor("cum_log_probs", np.array([[self.cumulative]], np.float32)),
+                pb_utils.Tensor("output_token_ids", np.asarray(self.tokens[self.sent - len(entries):self.sent],
+                                                               np.int32).reshape(1, -1)),
+                pb_utils.Tensor("top_log_prob_ids", top_ids.reshape(1, len(entries), k)),
+                pb_utils.Tensor("top_log_probs", top_values.reshape(1, len(entries), k))]
 
 
 class ResponseQueue:
@@ -186,7 +223,7 @@ class TritonPythonModel:
                                            logits_options=self._logits_options(options),
                                            stop_texts=options.stop_words, decode=self.tokenizer.decode,
                                            grammar=self.grammars.constraint(options.guide, end_ids)
-                                           if options.guide is not None else None)
+                                           if options.guide is not None else None, logprobs=options.logprobs)
             self.generator.validate(generation)
             deadline_s = generation_deadline_s(self.max_generation_s, request.timeout())
             async with self.admission.slot(sender.is_cancelled, rows=generation.rows_needed):
@@ -222,7 +259,8 @@ class TritonPythonModel:
         sequence_id = secrets.randbits(63) or 1
         stop = StopCheck(sender.is_cancelled, self.abandoned, sequence_id, deadline_s)
         try:
-            responder = Responder(stats, len(generation.prompt_ids), options.output_tokens_per_response, sequence_id)
+            responder = Responder(stats, len(generation.prompt_ids), options.output_tokens_per_response, sequence_id,
+                                  options.logprobs)
             reason = await self._stream(sender, generation, options, timer, responder, stop)
         finally:
             if stop.reason is not None:  # the generator has ENDed its sequences: the KV slots are free
@@ -258,6 +296,7 @@ class TritonPythonModel:
             timer.tokens(len(update.token_ids))
             reason = update.finish_reason
             output.extend(update.token_ids)
+            responder.add(update)
             if detokenizer is None:
                 continue
             piece = detokenizer.push(update.token_ids)
