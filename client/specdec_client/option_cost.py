@@ -28,6 +28,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "logit_bias (one token -100)": {"logit_bias_ids": [0], "logit_bias_values": [-100.0]},
     "bad_words": {"bad_words": ["never appears here"]},
     "stop_words": {"stop_words": ["never appears here"]},
+    "return_log_probs (5 alternatives)": {"return_log_probs": True, "num_top_log_probs": 5},
 }
 
 

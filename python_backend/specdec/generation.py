@@ -226,6 +226,8 @@ class _Run:
         self.settings = request.speculation()
         stats.task = self.settings.task
         stats.drafter = self.settings.drafter if self.settings.enabled else "none"
+        if request.grammar is not None and self.settings.grammar_drafting:  # the grammar drafts in front
+            stats.drafter = "grammar" if stats.drafter == "none" else f"grammar+{stats.drafter}"
         self.sampling = request.sampling
         self.rng = make_rng(self.sampling.seed, 0)
         # Penalties, a logit bias or bad words reshape the target's logits row by row (specdec.logits_processing):

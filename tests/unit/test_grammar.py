@@ -195,6 +195,24 @@ def test_greedy_speculation_under_a_guide_equals_constrained_plain_decoding(back
         assert forced > 0 and pruned_tokens > 0  # both paths were exercised
 
 
+def test_every_held_out_bench_schema_is_followed_plain_and_speculative(backend, grammars, tokenizer):
+    """The structured bench's eight schemas (nested objects, arrays with min / max items, enums, numbers with
+    ranges, strings with lengths and patterns): every answer parses and validates, the same with speculation."""
+    from specdec_client.bench_structured import REQUESTS
+
+    settings = SpeculationSettings("json", "ngram", 4, 4, 1, "greedy", 0.7, grammar_drafting=True)
+    for text, schema in REQUESTS:
+        prompt = tokenizer.encode(text)
+        guide = Guide("json_schema", json.dumps(schema))
+        plain = generate(backend, GenerationRequest(prompt, 160, tokenizer.end_ids, grammar=grammars.constraint(guide)))
+        stats = GenerationStats()
+        spec = generate(backend, GenerationRequest(prompt, 160, tokenizer.end_ids, settings=settings,
+                                                   grammar=grammars.constraint(guide)), stats)
+        assert spec == plain, text
+        jsonschema.validate(json.loads(tokenizer.decode(plain)), schema)
+        assert stats.drafter == "grammar+ngram"
+
+
 def test_grammar_drafts_save_target_calls(backend, grammars, tokenizer, prompts):
     calls = {}
     for grammar_drafting in (False, True):
