@@ -36,6 +36,7 @@ def test_perf_analyzer_streams_against_the_ensemble(server, tmp_path):
     done = subprocess.run(command, env=tool_environment(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "Throughput" in done.stdout and "p99 latency" in done.stdout
+    assert export.exists() and export.stat().st_size, "empty export: " + done.stdout[-3000:] + done.stderr[-3000:]
 
     requests = [r for experiment in json.loads(export.read_text())["experiments"] for r in experiment["requests"]]
     assert len(requests) == REQUESTS
