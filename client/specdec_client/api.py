@@ -29,6 +29,7 @@ INPUT_DTYPES = {
     "num_candidates": np.int32, "acceptance": np.object_, "verify_threshold": np.float32, "task": np.object_,
     "drafter": np.object_, "random_seed": np.uint64,
     "guided_decoding_guide_type": np.object_, "guided_decoding_guide": np.object_, "num_top_log_probs": np.int32,
+    "min_p": np.float32,
     "beam_width": np.int32, "return_log_probs": np.bool_,
     "repetition_penalty": np.float32, "presence_penalty": np.float32, "frequency_penalty": np.float32,
 }

@@ -236,7 +236,7 @@ class _Run:
         self.grammar = request.grammar
         # Tokens are chosen here from processed rows (not by the target's own argmax or draw) when options or a
         # grammar reshape them.
-        self.processes_rows = self.logits_options.active or self.grammar is not None
+        self.processes_rows = self.logits_options.active or self.grammar is not None or self.sampling.min_p > 0
         # Every step's rows come back where tokens are chosen here or their log-probabilities are asked for.
         self.rows_always = self.processes_rows or request.logprobs is not None
         self.need_target_logits = (not self.sampling.greedy or self.settings.acceptance != "greedy"

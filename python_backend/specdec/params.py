@@ -258,6 +258,9 @@ def parse_sampling(inputs: Mapping[str, np.ndarray]) -> SamplingParams:
     seed = _int(inputs, "seed", 0, (1 << 64) - 1, None)
     if seed is None:
         seed = _int(inputs, "random_seed", 0, (1 << 64) - 1, None)
+    min_p = _float(inputs, "min_p")
+    if min_p is not None and not 0 <= min_p <= 1:
+        raise InvalidRequestError("min_p", f"must be in [0, 1], got {min_p}")
     if not top_k and not top_p:
         return SamplingParams(0.0, 0, 1.0, seed)
-    return SamplingParams(1.0 if temperature is None else temperature, top_k or 0, top_p or 1.0, seed)
+    return SamplingParams(1.0 if temperature is None else temperature, top_k or 0, top_p or 1.0, seed, min_p or 0.0)

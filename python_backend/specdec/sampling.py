@@ -17,6 +17,10 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0
     seed: int | None = None
+    # vLLM's min_p: after the temperature, tokens less probable than min_p x the most probable one's are dropped
+    # (0 = off). Applied where speculative_decoding chooses from the target's rows (`probabilities`); the target's
+    # own draw (`sample_rows`) and a drafter's proposals are never asked for it.
+    min_p: float = 0.0
 
     @property
     def greedy(self) -> bool:
@@ -31,6 +35,9 @@ def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
         probs[np.arange(len(logits)), logits.argmax(axis=-1)] = 1.0
         return probs
     scaled = logits / params.temperature
+    if params.min_p > 0:  # p < min_p * max p  <=>  scaled < max + log(min_p)
+        floor = scaled.max(axis=-1, keepdims=True) + np.log(params.min_p)
+        scaled = np.where(scaled < floor, -np.inf, scaled)
     if 0 < params.top_k < scaled.shape[-1]:
         kth = np.partition(scaled, -params.top_k, axis=-1)[:, -params.top_k][:, None]
         scaled = np.where(scaled < kth, -np.inf, scaled)

@@ -33,6 +33,7 @@ PUBLIC_INPUTS = (
     TensorSpec("runtime_top_p", "FP32", optional=True),
     TensorSpec("seed", "UINT64", optional=True),
     TensorSpec("random_seed", "UINT64", optional=True),
+    TensorSpec("min_p", "FP32", optional=True),  # vLLM's (an extension of TensorRT-LLM's inputs)
     TensorSpec("min_length", "INT32", optional=True),
     TensorSpec("stop_words", "STRING", (-1,), optional=True),
     TensorSpec("bad_words", "STRING", (-1,), optional=True),

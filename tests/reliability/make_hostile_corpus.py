@@ -172,6 +172,9 @@ def http_cases() -> Iterator[dict]:
         yield http(f"{name}/true", "unsupported", {**BASE, name: True}, rejected(name))
     yield http("return_log_probs/true", "range", {**BASE, "return_log_probs": True},
                ok("log-probabilities are returned"))
+    for value in (-0.1, 1.5, math.nan):
+        yield http(f"min_p/{value}", "range", {**BASE, "temperature": 0.7, "top_p": 0.9, "min_p": value},
+                   rejected("min_p"))
     for value in (-1, 21, INT32_MAX):
         yield http(f"num_top_log_probs/{value}", "range", {**BASE, "return_log_probs": True,
                                                            "num_top_log_probs": value}, rejected("num_top_log_probs"))

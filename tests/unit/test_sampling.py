@@ -80,3 +80,59 @@ def test_a_rows_draw_does_not_depend_on_its_batch():
     assert together.tolist() == alone
     assert sample_rows(logits, params).tolist() == together.tolist()  # seeded: reproducible
     assert logits[4, together[4]] == logits[4].max()  # the nucleus of a 3,000-way tie stays inside it
+
+
+def test_min_p_drops_tokens_less_probable_than_its_share_of_the_most_probable():
+    logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]]))
+    probs = probabilities(logits, SamplingParams(1.0, min_p=0.4))[0]
+    np.testing.assert_allclose(probs, [0.5 / 0.8, 0.3 / 0.8, 0.0, 0.0])  # 0.15 < 0.4 x 0.5
+    hot = probabilities(logits, SamplingParams(2.0, min_p=0.4))[0]  # after the temperature: flatter, more kept
+    assert (hot > 0).sum() == 3  # sqrt(0.15 / 0.5) = 0.55 >= 0.4, sqrt(0.05 / 0.5) = 0.32 < 0.4
+    assert probabilities(logits, SamplingParams(0.0, min_p=0.9))[0].tolist() == [1.0, 0.0, 0.0, 0.0]  # greedy
+
+
+def test_min_p_through_the_generator_with_speculation(make_inprocess_backend):
+    """A sampled request with min_p, speculating with the draft model (rejection sampling): every token it emits
+    is at least min_p as probable as its row's most probable one (read back from its log-probabilities, the
+    processed row at temperature 1), and the answer is reproducible."""
+    import asyncio
+    from pathlib import Path
+
+    from specdec.config import SpeculationSettings
+    from specdec.generation import GenerationRequest, SpeculativeGenerator
+    from specdec.tokenizer import TextTokenizer
+
+    pair = Path(__file__).resolve().parents[1] / "fixtures" / "pair_12m"
+    backend = make_inprocess_backend((pair / "target", pair / "draft"), max_length=160)
+    tokenizer = TextTokenizer(pair / "target")
+    settings = SpeculationSettings("text", "model", 3, 3, 1, "rejection", 0.7)
+
+    def run(seed: int):
+        async def collect():
+            tokens, logprobs = [], []
+            request = GenerationRequest(tokenizer.encode("The quick brown fox"), 40, tokenizer.end_ids,
+                                        settings=settings, sampling=SamplingParams(1.0, seed=seed, min_p=0.2),
+                                        logprobs=1)
+            async for update in SpeculativeGenerator(backend, 160).generate(request, 1):
+                tokens += update.token_ids
+                logprobs += update.logprobs
+            return tokens, logprobs
+
+        return asyncio.run(collect())
+
+    for seed in range(3):
+        tokens, logprobs = run(seed)
+        assert run(seed)[0] == tokens and len(tokens) > 3
+        for entry in logprobs:
+            assert entry.logprob >= entry.top[0][1] + np.log(0.2) - 1e-9
+
+
+def test_min_p_is_parsed_from_the_ensembles_inputs():
+    from specdec.errors import InvalidRequestError
+    from specdec.params import parse_sampling
+
+    sampled = {"top_p": np.array([[0.9]], np.float32), "temperature": np.array([[0.7]], np.float32)}
+    assert parse_sampling({**sampled, "min_p": np.array([[0.1]], np.float32)}).min_p == pytest.approx(0.1)
+    assert parse_sampling({"min_p": np.array([[0.1]], np.float32)}).greedy  # no top_k / top_p: greedy
+    with pytest.raises(InvalidRequestError, match="min_p"):
+        parse_sampling({**sampled, "min_p": np.array([[1.5]], np.float32)})

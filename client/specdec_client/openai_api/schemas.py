@@ -45,6 +45,7 @@ class _Request(BaseModel):
     user: str | None = None
     # Extension fields: the ensemble's speculation controls (docs/SPECULATION.md).
     top_k: Annotated[StrictInt, Field(ge=0)] | None = None
+    min_p: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None  # vLLM's extension
     min_tokens: Annotated[StrictInt, Field(ge=0)] | None = None  # as vLLM's extension: no end before this
     num_draft_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
     num_candidates: Annotated[StrictInt, Field(ge=1)] | None = None
@@ -129,7 +130,7 @@ class _Request(BaseModel):
         sampled = self.temperature != 0 and (self.temperature, self.top_p, self.top_k) != (None, None, None)
         top_p = (self.top_p or 1.0) if sampled else self.top_p
         return {
-            "temperature": self.temperature, "top_p": top_p, "top_k": self.top_k,
+            "temperature": self.temperature, "top_p": top_p, "top_k": self.top_k, "min_p": self.min_p,
             "seed": None if self.seed is None else (self.seed + choice) % (MAX_SEED + 1),
             "min_length": self.min_tokens,
             "num_draft_tokens": self.num_draft_tokens, "num_candidates": self.num_candidates,
