@@ -46,13 +46,6 @@ class Guide:
     text: str = ""
 
 
-def choice_grammar(choices: Sequence[str]) -> str:
-    """An EBNF grammar whose language is exactly `choices` (vLLM's guided_choice, as an ebnf_grammar guide)."""
-    if not choices:
-        raise ValueError("at least one choice is needed")
-    return "root ::= " + " | ".join(json.dumps(choice, ensure_ascii=False) for choice in choices)
-
-
 class Grammars:
     """Guides compiled for one tokenizer, cached by their text (a matcher made once per guide and copied per
     request). The grammar engine reads the tokenizer at the first guide: a tokenizer it cannot read (a WordPiece

@@ -18,10 +18,11 @@ from specdec.config import SpeculationSettings
 from specdec.drafting.base import Proposal, pruned
 from specdec.errors import InvalidRequestError, UnsupportedError
 from specdec.generation import GenerationRequest, GenerationStats, SpeculativeGenerator
-from specdec.grammar import MAX_GUIDE_BYTES, Grammars, Guide, choice_grammar
+from specdec.grammar import MAX_GUIDE_BYTES, Grammars, Guide
 from specdec.params import ServerLimits, parse_request
 from specdec.sampling import SamplingParams
 from specdec.tokenizer import TextTokenizer
+from specdec_client.openai_api.schemas import choice_grammar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/first_token_law.py
 from first_token_law import first_token_law_pvalue  # noqa: E402

@@ -20,6 +20,11 @@ MAX_CHOICES = 16
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit (top_logprobs; completions' logprobs is capped at 5 there, 20 here as vLLM)
 
 
+def choice_grammar(choices: list[str]) -> str:
+    """An EBNF grammar whose language is exactly `choices` (vLLM's guided_choice, as an ebnf_grammar guide)."""
+    return "root ::= " + " | ".join(json.dumps(choice, ensure_ascii=False) for choice in choices)
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     include_usage: StrictBool = False
@@ -98,8 +103,7 @@ class _Request(BaseModel):
         if self.guided_regex is not None:
             guides.append(("guided_regex", ("regex", self.guided_regex)))
         if self.guided_choice is not None:
-            grammar = "root ::= " + " | ".join(json.dumps(choice, ensure_ascii=False) for choice in self.guided_choice)
-            guides.append(("guided_choice", ("ebnf_grammar", grammar)))
+            guides.append(("guided_choice", ("ebnf_grammar", choice_grammar(self.guided_choice))))
         if self.guided_grammar is not None:
             guides.append(("guided_grammar", ("ebnf_grammar", self.guided_grammar)))
         return guides
