@@ -1,6 +1,8 @@
 """What one batched forward of the target costs as the batch grows: decode steps (1 token) and verification
 passes (`--width` tokens) of `batch` sequences at `--context` cached tokens each, in one process, on the
 onnxruntime runtime the server uses. Prints ms per forward, per sequence, and tokens/s the forward could serve.
+With `--compare-copy`, a second runtime whose graph copies each layer's context (as before the in-place
+binding, specdec.runtime.onnx_llama.graph_writing_in_place) runs the same forwards, interleaved.
 
     python build/measure_batch_forward.py --context 200 --batches 1,2,4,8,16,32,64 --widths 1,5
 """
@@ -23,24 +25,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--widths", default="1,5")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--weight-quantization", default="gguf",
+                        help="the target's served weights (gguf: the GGUF file's blocks, as deployed; none: fp32)")
+    parser.add_argument("--compare-copy", action="store_true",
+                        help="also time a runtime whose graph copies each layer's context per forward")
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
-    runtime = OnnxLlamaRuntime(args.model_dir, num_slots=max(batches), max_length=args.context + 64,
-                               num_threads=args.threads)
+    quantization = None if args.weight_quantization == "none" else args.weight_quantization
+    runtimes = {"in place": OnnxLlamaRuntime(args.model_dir, num_slots=max(batches), max_length=args.context + 64,
+                                             num_threads=args.threads, weight_quantization=quantization)}
+    if args.compare_copy:
+        runtimes["copied"] = OnnxLlamaRuntime(args.model_dir, num_slots=max(batches),
+                                              max_length=args.context + 64, num_threads=args.threads,
+                                              weight_quantization=quantization)
+        runtimes["copied"].written_context = {}
     rng = np.random.default_rng(0)
-    for slot in range(max(batches)):
-        runtime.forward_outputs([ForwardItem(slot, 0, rng.integers(0, runtime.vocab_size, args.context))])
+    prompts = [rng.integers(0, runtimes["in place"].vocab_size, args.context) for _ in range(max(batches))]
+    for runtime in runtimes.values():
+        for slot, prompt in enumerate(prompts):
+            runtime.forward_outputs([ForwardItem(slot, 0, prompt)])
     for width in (int(w) for w in args.widths.split(",")):
         for batch in batches:
-            items = [ForwardItem(slot, args.context, rng.integers(0, runtime.vocab_size, width), num_logits=width)
-                     for slot in range(batch)]
-            runtime.forward_outputs(items)  # warm-up at this shape
-            started = time.perf_counter()
+            tokens = rng.integers(0, runtimes["in place"].vocab_size, (batch, width))
+            items = [ForwardItem(slot, args.context, tokens[slot], num_logits=width) for slot in range(batch)]
+            seconds = dict.fromkeys(runtimes, 0.0)
+            for runtime in runtimes.values():
+                runtime.forward_outputs(items)  # warm-up at this shape
             for _ in range(args.repeats):
-                runtime.forward_outputs(items)
-            seconds = (time.perf_counter() - started) / args.repeats
-            print(f"context {args.context} width {width} batch {batch:3d}: {1e3 * seconds:7.1f} ms/forward "
-                  f"{1e3 * seconds / batch:6.2f} ms/sequence {batch / seconds:7.1f} forwards' sequences/s", flush=True)
+                for name, runtime in runtimes.items():
+                    started = time.perf_counter()
+                    runtime.forward_outputs(items)
+                    seconds[name] += (time.perf_counter() - started) / args.repeats
+            for name, took in seconds.items():
+                print(f"context {args.context} width {width} batch {batch:3d} ({name}): {1e3 * took:7.1f} ms/forward "
+                      f"{1e3 * took / batch:6.2f} ms/sequence {batch / took:7.1f} forwards' sequences/s", flush=True)
     return 0
 
 

@@ -1,6 +1,7 @@
 """The context buffer (specdec.runtime.context_buffer): batches of the same sequences reuse the last forward's
 gathered context, and every forward gives the logits an exact gather gives, bit for bit, through joins,
-partial waves, rollbacks, tree-row moves, releases and growth."""
+partial waves, rollbacks, tree-row moves, releases and growth, with the graph writing its new rows into the
+buffer itself (specdec.runtime.onnx_llama.graph_writing_in_place)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,8 @@ def test_forwards_through_the_buffer_equal_exact_gathers_bit_for_bit(tmp_path):
     kept = CountingRuntime(TARGET, num_slots=4, max_length=256, num_threads=1, engine_dir=tmp_path)
     exact = OnnxLlamaRuntime(TARGET, num_slots=4, max_length=256, num_threads=1, engine_dir=tmp_path)
     exact.keeps_context = False
+    exact.written_context = {}  # the ScatterND copies each layer's context, as without the IOBinding
+    assert len(kept.written_context) == 2 * kept.spec.num_layers  # every layer's keys and values in place
     rng = np.random.default_rng(3)
     lengths = {0: 0, 1: 0, 2: 0, 3: 0}
 
