@@ -24,17 +24,23 @@ def empty_buffer(columns: list[int | None], width: int = 64) -> ContextBuffer:
     return ContextBuffer(list(columns), np.zeros(shape, np.float32), np.zeros(shape, np.float32))
 
 
-def test_a_buffer_serves_its_own_sequences_in_any_order_and_newcomers_in_dead_columns():
+def test_a_buffer_places_its_sequences_newcomers_and_fillers():
     buffer = empty_buffer([4, 7, 9])
-    assert buffer.order_for([9, 4, 7], rows=64) == [2, 0, 1]
-    assert buffer.order_for([4, 7, 9], rows=65) is None  # wider than the buffer
-    assert buffer.order_for([4, 7], rows=10) is None and buffer.is_subset([4, 7])  # a partial wave
-    assert buffer.order_for([4, 7, 9, 11], rows=10) is None and not buffer.is_subset([4, 7, 9, 11])
+    held = {4: 10, 7: 10, 9: 10, 3: 0, 5: 0, 11: 0}.__getitem__
+    assert buffer.place([9, 4, 7], 64, 1, held, max_fillers=0) == [2, 0, 1]
+    assert buffer.place([4, 7, 9], 65, 1, held, max_fillers=3) is None  # wider than the buffer
+    assert buffer.place([4, 7], 10, 1, held, max_fillers=0) is None and buffer.is_subset([4, 7])  # too many fillers
+    assert buffer.place([4, 7], 10, 1, held, max_fillers=1) == [0, 1]  # slot 9 sits out: its column a filler
+    assert buffer.fillers([0, 1]) == [2]
+    assert buffer.place([4, 7], 10, 60, held, max_fillers=1) is None  # a filler 60 wide would write slot 9's rows
+    assert buffer.place([4, 7, 9, 11], 10, 1, held, max_fillers=3) is None and not buffer.is_subset([4, 7, 9, 11])
     buffer.forget(7)
-    assert buffer.order_for([4, 9, 3, 5], rows=10) is None  # two newcomers, one dead column
+    assert buffer.place([4, 9, 3, 5], 10, 1, held, max_fillers=3) is None  # two newcomers, one dead column
     assert buffer.columns == [4, None, 9]  # unchanged by a refusal
-    assert buffer.order_for([3, 9, 4], rows=10) == [1, 2, 0]
+    assert buffer.place([3, 9, 4], 10, 1, held, max_fillers=0) == [1, 2, 0]
     assert buffer.columns == [4, 3, 9] and buffer.stale == {1}  # the newcomer's column is gathered before use
+    assert buffer.place([3, 5, 4], 10, 1, held, max_fillers=0) == [1, 2, 0]  # 5 takes absent 9's column
+    assert buffer.columns == [4, 3, 5] and buffer.stale == {1, 2}
     assert buffer_width(1) == WIDTH_STEP and buffer_width(WIDTH_STEP) == 2 * WIDTH_STEP
 
 
@@ -90,7 +96,11 @@ def test_forwards_through_the_buffer_equal_exact_gathers_bit_for_bit(tmp_path):
     assert kept._context_buffer is not None and kept._context_buffer.columns == [0, 1, 2]
     assert kept.gathered == 3 * buffer_width(41)  # one gather, then the buffer is reused
     step([2, 0, 1])  # another order: the same buffer, the items permuted
-    step([0, 2])  # a partial wave: gathered the old way, the buffer kept (and kept in step)
+    gathered = kept.gathered
+    step([0, 2])  # a partial wave: slot 1's column runs a filler (no gather), the buffer kept in step
+    assert kept.gathered == gathered and kept._context_buffer.columns == [0, 1, 2]
+    step([0, 2], width=3)  # the filler's rows (past slot 1's) as wide as the batch
+    step([2])  # a lone sequence gathers its own context
     step([0, 1, 2], width=4)  # a verification
     rollback(0, lengths[0] - 3)  # three drafts rejected: rows past the length are stale, and masked
     step([0, 1, 2])
@@ -106,6 +116,13 @@ def test_forwards_through_the_buffer_equal_exact_gathers_bit_for_bit(tmp_path):
     step([0, 3, 2])
     assert kept._context_buffer.columns == [0, 3, 2]
     assert kept.gathered - gathered == kept._context_buffer.width  # only the newcomer's column
+    step([1], 12)  # another sequence joins in slot 1 ...
+    step([0, 1, 2])  # ... and takes the column of slot 3, which sits this wave out
+    assert kept._context_buffer.columns == [0, 1, 2]
+    step([0, 1, 2, 3])  # slot 3 back with no column free: a new buffer
+    step([0, 3, 2])  # slot 1 sits out: a filler in its column
+    for runtime in (kept, exact):  # slot 1 finishes: its column dead, run as a filler
+        runtime.release(1)
     width = kept._context_buffer.width
     while lengths[2] + 1 <= width:  # the key rows fit the buffer
         step([0, 3, 2])

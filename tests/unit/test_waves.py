@@ -168,3 +168,39 @@ def test_waves_batch_concurrent_generations_and_change_no_tokens(tiny_pair):
     assert together == alone
     forwards = [size for size in batches if size]
     assert sum(forwards) == 6 * 12 and forwards.count(6) >= 10, forwards
+
+
+def test_streamed_responses_wait_until_the_next_wave_is_out():
+    """A response queued when a wave's results come back goes out only after the next wave was sent (its
+    request first at the server), or after RESPONSE_HOLD_S when no wave comes."""
+    from specdec.waves import RESPONSE_HOLD_S, RESPONSES_AFTER_S
+
+    events: list[tuple[str, float]] = []
+    live = [2]
+
+    async def send(items: list[int]) -> list[int]:
+        events.append(("wave", asyncio.get_running_loop().time()))
+        await asyncio.sleep(0.02)
+        return items
+
+    gate = WaveGate(lambda: live[0], send, gap_s=0.05, max_wait_s=0.2)
+
+    async def responder(name: str) -> None:
+        await gate.responses_may_go()
+        events.append((name, asyncio.get_running_loop().time()))
+
+    async def main() -> None:
+        await gate.responses_may_go()  # before any wave: at once
+        await asyncio.gather(gate.call(0), gate.call(1))  # a wave of two; its results are back
+        sent = asyncio.ensure_future(responder("response"))
+        await asyncio.sleep(0.01)  # the sequences think: the response is held
+        assert not sent.done()
+        await asyncio.gather(gate.call(0), gate.call(1), sent)
+        live[0] = 0
+        await responder("late")  # no next wave: held at most RESPONSE_HOLD_S
+
+    asyncio.run(main())
+    (_, second_wave), (_, response), (_, late) = events[1:]
+    assert [name for name, _ in events] == ["wave", "wave", "response", "late"]
+    assert response - second_wave >= RESPONSES_AFTER_S * 0.9
+    assert late - second_wave >= 0.02 + RESPONSE_HOLD_S * 0.9  # the wave's 20 ms, then the hold

@@ -7,7 +7,9 @@ character (or, when not streaming, one response with all of them).
 from __future__ import annotations
 
 import asyncio
+import copy
 import secrets
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -80,12 +82,18 @@ class Responder:
         self.sent = 0  # output tokens whose log-probabilities went out
         self.cumulative = 0.0
 
-    def response(self, prefix: list[int], chunk: list[int], new_tokens: int) -> Any:
-        """`new_tokens`: generated tokens this response adds (num_output_tokens with return_num_output_tokens)."""
-        count = new_tokens if self.per_response else self.stats.output_tokens
+    def later(self, prefix: list[int], chunk: list[int], new_tokens: int) -> Callable[[], Any]:
+        """The response, built when it is sent (off the path to the next wave: ResponseQueue) from the
+        statistics as they are now. `new_tokens`: generated tokens this response adds (num_output_tokens with
+        return_num_output_tokens)."""
+        stats = copy.copy(self.stats)
+        return lambda: self._response(prefix, chunk, new_tokens, stats)
+
+    def _response(self, prefix: list[int], chunk: list[int], new_tokens: int, stats: GenerationStats) -> Any:
+        count = new_tokens if self.per_response else stats.output_tokens
         return pb_utils.InferenceResponse([
             ids_tensor("output_ids", chunk), ids_tensor("prefix_ids", prefix),
-            *stats_tensors(self.stats, self.num_input_tokens, count),
+            *stats_tensors(stats, self.num_input_tokens, count),
             *self._logprob_tensors(new_tokens),
             pb_utils.Tensor("generation_id", np.array([[self.generation_id]], np.uint64)),
         ])
@@ -119,28 +127,35 @@ class ResponseQueue:
     `send` is a blocking round trip to the server (~1 ms). Sent in line, 64 streams' chunks spread their next
     target calls over tens of milliseconds, so the wave gate let waves go without their stragglers (mean target
     batch 42 of 64, 147 tok/s streamed against 239 unstreamed). Queued, every sequence of a wave reaches the
-    gate first (their tasks were scheduled before the sender tasks) and the sends run while the target
-    computes."""
+    gate first (their tasks were scheduled before the sender tasks), and a response waits until the next wave
+    has gone out (`may_go`: specdec.waves), so the sends run while the target computes; the last ones (`close`)
+    go at once."""
 
-    def __init__(self, sender: Any) -> None:
+    def __init__(self, sender: Any, may_go: Callable[[], Awaitable[None]]) -> None:
         self.sender = sender
-        self.queue: asyncio.Queue[tuple[Any, int] | None] = asyncio.Queue()
+        self.may_go = may_go
+        self.closing = False
+        self.queue: asyncio.Queue[tuple[Callable[[], Any], int] | None] = asyncio.Queue()
         self.error: BaseException | None = None
         self.task = asyncio.ensure_future(self._run())
 
-    def put(self, response: Any, flags: int = 0) -> None:
-        self.queue.put_nowait((response, flags))
+    def put(self, build: Callable[[], Any], flags: int = 0) -> None:
+        """Queue the response `build` makes (built when it is sent, in order)."""
+        self.queue.put_nowait((build, flags))
 
     async def _run(self) -> None:
         while (item := await self.queue.get()) is not None:
+            if not self.closing:
+                await self.may_go()
             if self.error is None:
                 try:
-                    self.sender.send(item[0], flags=item[1])
+                    self.sender.send(item[0](), flags=item[1])
                 except Exception as exc:  # the first failure is the generation's; the rest are dropped
                     self.error = exc
 
     async def close(self) -> None:
-        """Wait until every queued response is sent; raises the first send's failure."""
+        """Send every queued response (without waiting for a wave); raises the first send's failure."""
+        self.closing = True
         self.queue.put_nowait(None)
         await asyncio.shield(self.task)
         if self.error is not None:
@@ -278,7 +293,7 @@ class TritonPythonModel:
         reason = None
         detokenizer = IncrementalDetokenizer(self.tokenizer.decode) if options.stream else None
         output: list[int] = []
-        responses = ResponseQueue(sender)
+        responses = ResponseQueue(sender, self.generator.waves.responses_may_go)
         try:
             reason = await self._generate_into(responses, generation, options, timer, responder, stop, detokenizer,
                                                output)
@@ -304,12 +319,12 @@ class TritonPythonModel:
                 piece = detokenizer.flush()
             if update.finished:
                 prefix, chunk = piece or ([], [])
-                responses.put(responder.response(prefix, chunk, len(chunk)), FINAL)
+                responses.put(responder.later(prefix, chunk, len(chunk)), FINAL)
             elif piece is not None:
-                responses.put(responder.response(*piece, len(piece[1])))
+                responses.put(responder.later(*piece, len(piece[1])))
         if detokenizer is None and stop.reason != "deadline":
             ids = output if options.exclude_input_in_output else generation.prompt_ids + output
-            responses.put(responder.response([], ids, len(output)), FINAL)
+            responses.put(responder.later([], ids, len(output)), FINAL)
         return reason
 
     def finalize(self) -> None:

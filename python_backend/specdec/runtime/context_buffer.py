@@ -11,16 +11,21 @@ sequence's length, so its logits are the same bit for bit as from an exact gathe
 updated in place with every forward's new rows, re-gathered per column only when something else changed a
 column's slot (a move of tree rows, a release, a forward that did not keep the column in step).
 
-The buffer serves a batch whose slots are exactly its live columns (in the buffer's order: the runtime
-permutes the items), or its live columns plus as many new slots as columns have died (a finished sequence's
-column goes to the sequence that joined). A batch that is a strict subset of the columns (a partial wave) is
-gathered the old way and leaves the buffer as it is; any other batch, or one that needs more rows than
-`width`, gathers a new buffer. Its memory is the size of one gathered batch, which the old way allocated and
-freed at every forward.
+The buffer serves a batch that covers most of its columns: the batch's sequences in their columns,
+sequences that joined in dead columns (a finished sequence's column goes to the next one) or in the columns of
+live sequences that sit this forward out (those lose their column, and get one back when they next join),
+and every column left over run as a *filler*: a one-token item whose outputs are dropped and whose key rows
+go to its column's dead rows only (at `width - batch width`, past every row the column's sequence holds), so a
+sequence that is late for a wave keeps its column without a gather. A filler costs the forward one row of
+compute, a gathered column a copy of its context: a batch with more fillers than half its own items (a small
+partial wave) is gathered the old way and leaves the buffer as it is; a batch the buffer cannot place (wider
+than `width`, more newcomers than free columns) gathers a new buffer. Its memory is the size of one gathered
+batch, which the old way allocated and freed at every forward.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -60,22 +65,41 @@ class ContextBuffer:
         except ValueError:
             return None
 
-    def order_for(self, slots: list[int], rows: int) -> list[int] | None:
-        """The column of each of `slots` if this buffer can serve them as one batch reading `rows` key rows
-        (newcomers take dead columns, which become stale), else None. Does not change the buffer when it
-        returns None."""
-        if rows > self.width or len(slots) != len(self.columns) or len(set(slots)) != len(slots):
+    def place(self, slots: list[int], rows: int, pad: int, rows_held: Callable[[int], int],
+              max_fillers: int) -> list[int] | None:
+        """The column of each of `slots` if this buffer can serve them as one batch reading `rows` key rows,
+        `pad` new tokens wide (the batch's widest item), with the other columns run as (at most `max_fillers`)
+        fillers; else None.
+        Newcomers take dead columns, then the columns of live sequences absent from the batch (which become
+        stale, theirs forgotten). A filler over a live sequence's column writes rows `width - pad ..`, so the
+        sequence must hold fewer rows (`rows_held`) than that. Does not change the buffer when it returns None."""
+        if rows > self.width or len(set(slots)) != len(slots) or len(slots) > len(self.columns):
+            return None
+        if len(self.columns) - len(slots) > max_fillers:
             return None
         live = {slot: col for col, slot in enumerate(self.columns) if slot is not None}
+        wanted = set(slots)
         newcomers = [slot for slot in slots if slot not in live]
-        dead = [col for col, slot in enumerate(self.columns) if slot is None]
-        if len(newcomers) != len(dead):  # then some live column is not in the batch
+        free = [col for col, slot in enumerate(self.columns) if slot is None]
+        absent = [col for col, slot in enumerate(self.columns) if slot is not None and slot not in wanted]
+        taken = (free + absent)[: len(newcomers)]
+        if len(taken) < len(newcomers):
             return None
-        for slot, col in zip(newcomers, dead, strict=True):
+        fillers = set(free + absent) - set(taken)
+        if any(self.columns[col] is not None and rows_held(self.columns[col]) > self.width - pad
+               for col in fillers):
+            return None
+        for slot, col in zip(newcomers, taken, strict=True):
+            live.pop(self.columns[col], None)
             self.columns[col] = slot
             self.stale.add(col)
-        live.update(zip(newcomers, dead, strict=True))
+        live.update(zip(newcomers, taken, strict=True))
         return [live[slot] for slot in slots]
+
+    def fillers(self, columns: list[int]) -> list[int]:
+        """The columns a batch placed in `columns` leaves to fillers."""
+        used = set(columns)
+        return [col for col in range(len(self.columns)) if col not in used]
 
     def is_subset(self, slots: list[int]) -> bool:
         """True when every one of `slots` has a live column and some live column is not among them."""

@@ -25,6 +25,7 @@ from specdec.runtime.graph_contract import FEATURES, PAST_KEYS, PAST_VALUES
 from specdec.runtime.layout import group_by_width, key_rows, plan_batch, split_for_limits
 
 NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16}
+FILLER_SLOT = -1  # the slot of a filler item (specdec.runtime.context_buffer): it has no cache rows
 
 
 class SlottedGraphRuntime(DecoderRuntime):
@@ -122,9 +123,9 @@ class SlottedGraphRuntime(DecoderRuntime):
                 for item_logits, item_hidden in zip(logits, hidden, strict=True)]
 
     def _forward_batch(self, items: list[ForwardItem]) -> list[ForwardOutput]:
-        order, rows, keys, values = self._past_context(items, key_rows(items))
-        items = [items[i] for i in order]
-        plan = plan_batch(items, self.max_length, self.spec.sliding_window, self.spec.eagle_feature_size)
+        order, rows, keys, values, fillers = self._past_context(items, key_rows(items))
+        laid_out = [items[i] if i < len(items) else fillers[i - len(items)] for i in order]
+        plan = plan_batch(laid_out, self.max_length, self.spec.sliding_window, self.spec.eagle_feature_size)
         feeds = {
             "input_ids": self._index(plan.ids),
             "position_ids": self._index(plan.positions),
@@ -138,33 +139,48 @@ class SlottedGraphRuntime(DecoderRuntime):
         if plan.features is not None:
             feeds[FEATURES] = self._features(plan.features)
         logits, new_keys, new_values, hidden = self._run(feeds)
-        # new rows [L, H, B, W, D] -> [L, H, B*W, D], the valid ones into their physical rows.
-        src, dst = self._index(plan.write_src), self._index(self._write_rows(plan.write_slot, plan.write_row))
+        # new rows [L, H, B, W, D] -> [L, H, B*W, D], the valid ones into their physical rows (not the fillers').
+        real = plan.write_slot != FILLER_SLOT
+        write_slot, write_row = plan.write_slot[real], plan.write_row[real]
+        src, dst = self._index(plan.write_src[real]), self._index(self._write_rows(write_slot, write_row))
         written = []
         for cache, new in ((self.k_cache, new_keys), (self.v_cache, new_values)):
             rows = self._new_rows(new)[:, :, src]
             cache[:, :, dst] = rows
             written.append(rows)
         if self._context_buffer is not None:
-            self._context_buffer.write(plan.write_slot, plan.write_row, *written)
+            self._context_buffer.write(write_slot, write_row, *written)
         hidden_all = self._logits_to_numpy(hidden) if len(plan.hidden_rows) else None
         outputs = plan.outputs(self._logits_to_numpy(logits), hidden_all)
         back = np.empty(len(order), dtype=np.int64)
         back[order] = np.arange(len(order))
-        return [outputs[i] for i in back]
+        return [outputs[back[i]] for i in range(len(items))]
 
     def _gather_context(self, slots: list[int], rows: int) -> tuple[Any, Any]:
         """Rows 0..rows-1 of each slot, keys and values [L, H, len(slots), rows, D] (one copy each)."""
         physical = self._index(self.kv.gather_rows(slots, rows).reshape(-1))
         return self._gather(self.k_cache, physical, len(slots)), self._gather(self.v_cache, physical, len(slots))
 
-    def _past_context(self, items: list[ForwardItem], rows: int) -> tuple[np.ndarray, int, Any, Any]:
-        """(the order to lay the items out in, the key rows the graph reads, keys, values): from the kept
-        context buffer where it can serve the batch (specdec.runtime.context_buffer), else gathered now."""
+    def _filler(self, row: int) -> ForwardItem:
+        """A one-token item that keeps a buffer column in the batch: its key rows start at `row` (dead rows of
+        its column), its outputs are dropped, nothing of it reaches the cache."""
+        features = np.zeros((1, self.feature_size), dtype=np.float32) if self.feature_size else None
+        return ForwardItem(FILLER_SLOT, row, np.zeros(1, dtype=np.int64), features=features)
+
+    def _past_context(self, items: list[ForwardItem], rows: int
+                      ) -> tuple[np.ndarray, int, Any, Any, list[ForwardItem]]:
+        """(the order to lay the items out in, indices past `items` naming fillers; the key rows the graph
+        reads; keys; values; the fillers): from the kept context buffer where it can serve the batch
+        (specdec.runtime.context_buffer), else gathered now."""
         slots = [item.slot for item in items]
         buffer = self._context_buffer
         if self.keeps_context and len(items) >= 2:  # a lone sequence gathers little
-            columns = buffer.order_for(slots, rows) if buffer is not None else None
+            pad = max(item.num_tokens for item in items)
+            # Fillers cost a row of compute each, a gathered column a copy of its context: up to half the batch;
+            # none where a filler's rows would pass the positions the graph serves.
+            max_fillers = len(items) // 2 if buffer is not None and buffer.width <= self.max_length else 0
+            columns = (buffer.place(slots, rows, pad, self.kv.rows_held, max_fillers) if buffer is not None
+                       else None)
             if columns is None and not (buffer is not None and buffer.is_subset(slots)):
                 self._context_buffer = buffer = None  # freed before the new one is gathered
                 self._context_buffer = buffer = ContextBuffer(list(slots), *self._gather_context(
@@ -176,9 +192,12 @@ class SlottedGraphRuntime(DecoderRuntime):
                     keys, values = self._gather_context([slot], buffer.width)
                     buffer.keys[:, :, column], buffer.values[:, :, column] = keys[:, :, 0], values[:, :, 0]
                 buffer.stale.clear()
-                return np.argsort(columns), buffer.width, buffer.keys, buffer.values
+                filler_columns = buffer.fillers(columns)
+                fillers = [self._filler(buffer.width - pad) for _ in filler_columns]
+                order = np.argsort(columns + filler_columns)
+                return order, buffer.width, buffer.keys, buffer.values, fillers
         keys, values = self._gather_context(slots, rows)
-        return np.arange(len(items)), rows, keys, values
+        return np.arange(len(items)), rows, keys, values, []
 
     def release(self, slot: int) -> None:
         super().release(slot)
