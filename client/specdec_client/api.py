@@ -20,7 +20,7 @@ from tritonclient.utils import np_to_triton_dtype
 
 MODEL = "ensemble"
 STAT_NAMES = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "num_output_tokens",
-              "fallback_active")
+              "fallback_active", "total_verification_passes", "max_draft_depth")
 INPUT_DTYPES = {
     "text_input": np.object_, "max_tokens": np.int32, "stream": np.bool_, "end_id": np.int32, "pad_id": np.int32,
     "temperature": np.float32, "top_k": np.int32, "top_p": np.float32, "seed": np.uint64,

@@ -108,6 +108,7 @@ class GenerationStats:
     target_calls: int = 0
     draft_calls: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
+    acceptance_histogram: list[int] = field(default_factory=list)  # [j]: verifications that accepted j drafts
     draft_failures: int = 0
     speculation_length: int = 0  # the k of the latest iteration (0 = plain step)
     fallback_active: bool = False
@@ -143,6 +144,9 @@ class GenerationStats:
             self.accepted_per_position.extend([0] * (depth - len(self.accepted_per_position)))
         for position in range(accepted):
             self.accepted_per_position[position] += 1
+        if len(self.acceptance_histogram) <= accepted:
+            self.acceptance_histogram.extend([0] * (accepted + 1 - len(self.acceptance_histogram)))
+        self.acceptance_histogram[accepted] += 1
 
 
 @dataclass

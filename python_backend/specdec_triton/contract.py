@@ -75,6 +75,11 @@ STATS_OUTPUTS = (
     TensorSpec("fallback_active", "BOOL"),
     TensorSpec("num_input_tokens", "INT32"),
     TensorSpec("drafter_used", "STRING"),  # model | eagle | ngram, or none (plain decoding)
+    # Per request as vLLM reports it per choice (speculative_decoding_stats): verifications so far, how many of
+    # them accepted j draft tokens ([j]), and the deepest proposal verified (the most a verification could accept).
+    TensorSpec("total_verification_passes", "INT32"),
+    TensorSpec("acceptance_histogram", "INT32", (-1,)),
+    TensorSpec("max_draft_depth", "INT32"),
 )
 # text_output as TensorRT-LLM's postprocessing returns it: flattened over batch x beam, shape [1] for one prompt
 # (its end_to_end_grpc_client.py reads `as_numpy("text_output")[0].decode()`). batch_index and sequence_index are

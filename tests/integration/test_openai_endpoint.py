@@ -68,6 +68,16 @@ def test_completion_equals_the_ensembles_greedy_text(client, greedy, tokenizer):
     speculation = out.model_extra["speculation"]
     assert speculation["draft_tokens"] == greedy.stats["total_draft_tokens"]
     assert speculation["accepted_draft_tokens"] == greedy.stats["total_accepted_draft_tokens"]
+    stats = out.choices[0].model_extra["speculative_decoding_stats"]  # vLLM's per-choice shape
+    steps, histogram = stats["num_spec_steps"], {int(j): n for j, n in stats["acceptance_histogram"].items()}
+    assert steps == greedy.stats["total_verification_passes"] > 0 and sum(histogram.values()) == steps
+    assert sum(j * n for j, n in histogram.items()) == stats["num_accepted_draft_tokens"]
+    assert stats["num_draft_tokens"] == speculation["draft_tokens"]
+    assert stats["mean_acceptance_length"] == 1 + stats["num_accepted_draft_tokens"] / steps
+    assert max(histogram) <= stats["num_spec_tokens"] == greedy.stats["max_draft_depth"]
+    plain = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0,
+                                      extra_body={"num_draft_tokens": 0})
+    assert plain.choices[0].model_extra["speculative_decoding_stats"] is None
 
 
 def test_streamed_completion_assembles_to_the_same_text_and_usage(client, greedy):

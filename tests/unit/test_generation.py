@@ -107,3 +107,13 @@ def test_draft_engine_proposes_its_own_greedy_chain(tiny_pair):
         logits = runtime.forward([ForwardItem(0, 0, np.array(ids))])[0]
         ids.append(int(logits[-1].argmax()))
     assert proposal.tolist() == ids[4:]
+
+
+def test_verification_statistics_count_each_acceptance_length():
+    """GenerationStats: per position and per accepted count (vLLM's acceptance_histogram)."""
+    stats = GenerationStats()
+    for depth, accepted in ((4, 0), (4, 2), (3, 3), (4, 2)):
+        stats.record_verification(depth, accepted)
+    assert stats.acceptance_histogram == [1, 0, 2, 1]
+    assert stats.accepted_per_position == [3, 3, 1, 0]
+    assert (stats.verification_passes, stats.draft_tokens, stats.accepted_draft_tokens) == (4, 15, 7)

@@ -10,13 +10,15 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from specdec_client.openai_api.app import StopScanner, create_app
+from specdec_client.openai_api.app import Outcome, StopScanner, create_app
 from specdec_client.openai_api.triton import BackendError, Chunk, TokenLogprob, classify
 
 MODEL = "ensemble"
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-STATS = {"acceptance_rate": 0.5, "total_accepted_draft_tokens": 3, "total_draft_tokens": 6, "fallback_active": 0}
+STATS = {"acceptance_rate": 0.5, "total_accepted_draft_tokens": 3, "total_draft_tokens": 6, "fallback_active": 0,
+         "total_verification_passes": 4, "max_draft_depth": 2}
+HISTOGRAM = [2, 1, 1]  # of the 4 verifications: 2 accepted nothing, 1 one draft token, 1 two (3 accepted)
 
 
 class FakeTokenizer:
@@ -61,7 +63,7 @@ class ScriptedBackend:
                     top = [(i, -(i + 1) / 10), (90 + i, -(i + 1) / 10 - 1)][:options.get("num_top_log_probs") or 0]
                     logprobs = [TokenLogprob(i, -(i + 1) / 10, tuple(top))]
                 yield Chunk(piece, num_input_tokens=5, num_output_tokens=1, stats=STATS, final=i == len(pieces) - 1,
-                            logprobs=logprobs)
+                            logprobs=logprobs, acceptance_histogram=HISTOGRAM)
             finished = True
         finally:
             self.closed_early += not finished
@@ -92,6 +94,38 @@ def test_completion_text_usage_and_speculation():
     text_input, max_tokens, options = backend.calls[0]
     assert (text_input, max_tokens) == ("Say hi", 3)
     assert (options["seed"], options["temperature"], options["top_p"]) == (7, 0.5, 0.9)
+
+
+VLLM_STATS = {"mean_acceptance_length": 1.75, "draft_acceptance_rate": 0.5,
+              "acceptance_histogram": {"0": 2, "1": 1, "2": 1}, "num_spec_steps": 4,
+              "num_accepted_draft_tokens": 3, "num_draft_tokens": 6, "num_spec_tokens": 2}
+
+
+def test_each_choice_carries_vllms_speculative_decoding_stats():
+    """vLLM's per-choice `speculative_decoding_stats` (as AIPerf reads it): on every non-streamed choice and on
+    the terminal chunk's choice of a stream; null where no verification ran."""
+    backend = ScriptedBackend(["Hello", ",", " world"])
+
+    async def go():
+        client = client_for(backend, FakeTokenizer())
+        completion = await client.completions.create(model=MODEL, prompt="Say hi", max_tokens=3, n=2)
+        chat = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                    max_tokens=3)
+        stream = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                      max_tokens=3, stream=True)
+        chunks = [chunk async for chunk in stream]
+        return completion, chat, chunks
+
+    completion, chat, chunks = run(go())
+    assert [c.model_extra["speculative_decoding_stats"] for c in completion.choices] == [VLLM_STATS, VLLM_STATS]
+    assert chat.choices[0].model_extra["speculative_decoding_stats"] == VLLM_STATS
+    terminal = [c.choices[0] for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(terminal) == 1 and terminal[0].model_extra["speculative_decoding_stats"] == VLLM_STATS
+    assert all("speculative_decoding_stats" not in (c.choices[0].model_extra or {})
+               for c in chunks if c.choices and not c.choices[0].finish_reason)
+    plain = Outcome(max_tokens=1)
+    plain.add(Chunk("x", 5, 1, stats={**STATS, "total_verification_passes": 0}))
+    assert plain.speculative_decoding_stats() is None
 
 
 def test_n_choices_are_separate_generations_with_their_own_seeds():

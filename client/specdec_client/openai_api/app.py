@@ -107,12 +107,33 @@ class Outcome:
     completion_tokens: int = 0
     finish_reason: str | None = None
     stats: dict[str, float] = field(default_factory=dict)
+    acceptance_histogram: list[int] = field(default_factory=list)
 
     def add(self, chunk: Chunk) -> None:
         if chunk.num_input_tokens is not None:
             self.prompt_tokens = chunk.num_input_tokens
         self.completion_tokens += chunk.num_output_tokens
         self.stats = chunk.stats or self.stats
+        self.acceptance_histogram = chunk.acceptance_histogram or self.acceptance_histogram
+
+    def speculative_decoding_stats(self) -> dict[str, Any] | None:
+        """vLLM's per-choice `speculative_decoding_stats` (its `summary` level, which AIPerf reads), or None
+        when no verification ran (plain decoding). `num_spec_tokens` is the deepest proposal this choice
+        verified: the draft length varies per iteration here, where vLLM reports its configured one."""
+        steps = int(self.stats.get("total_verification_passes", 0))
+        if not steps:
+            return None
+        accepted, drafted = int(self.stats.get("total_accepted_draft_tokens", 0)), int(
+            self.stats.get("total_draft_tokens", 0))
+        return {
+            "mean_acceptance_length": 1 + accepted / steps,
+            "draft_acceptance_rate": accepted / drafted if drafted else 0.0,
+            "acceptance_histogram": {str(j): count for j, count in enumerate(self.acceptance_histogram) if count},
+            "num_spec_steps": steps,
+            "num_accepted_draft_tokens": accepted,
+            "num_draft_tokens": drafted,
+            "num_spec_tokens": int(self.stats.get("max_draft_depth", 0)),
+        }
 
     def usage(self) -> dict[str, int]:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
@@ -389,8 +410,9 @@ def create_app(backend: Backend, served_model: str = "ensemble", tokenizer: Any 
 
         if not body.stream:
             answers = await until_disconnected(request, collect_all(pieces))
-            return envelope([choice(i, body.prompt + answer.text if body.echo else answer.text,
-                                    outcome.finish_reason, answer.logprobs)
+            return envelope([{**choice(i, body.prompt + answer.text if body.echo else answer.text,
+                                       outcome.finish_reason, answer.logprobs),
+                              "speculative_decoding_stats": outcome.speculative_decoding_stats()}
                              for i, (answer, outcome) in enumerate(zip(answers, outcomes, strict=True))],
                             usage=_total_usage(outcomes), speculation=_total_speculation(outcomes))
 
@@ -402,8 +424,9 @@ def create_app(backend: Backend, served_model: str = "ensemble", tokenizer: Any 
                 if piece is not None:
                     yield envelope([choice(i, piece.text, None, piece.logprobs)], **usage)
                 else:
-                    yield envelope([choice(i, "", outcomes[i].finish_reason)], **usage,
-                                   speculation=outcomes[i].speculation())
+                    last = {**choice(i, "", outcomes[i].finish_reason),
+                            "speculative_decoding_stats": outcomes[i].speculative_decoding_stats()}
+                    yield envelope([last], **usage, speculation=outcomes[i].speculation())
             if body.include_usage():
                 yield envelope([], usage=_total_usage(outcomes))
 
@@ -425,7 +448,8 @@ def create_app(backend: Backend, served_model: str = "ensemble", tokenizer: Any 
             answers = await until_disconnected(request, collect_all(pieces))
             return envelope("chat.completion", [
                 {"index": i, "message": {"role": "assistant", "content": answer.text},
-                 "logprobs": chat_logprobs(body, answer.logprobs), "finish_reason": outcome.finish_reason}
+                 "logprobs": chat_logprobs(body, answer.logprobs), "finish_reason": outcome.finish_reason,
+                 "speculative_decoding_stats": outcome.speculative_decoding_stats()}
                 for i, (answer, outcome) in enumerate(zip(answers, outcomes, strict=True))],
                 usage=_total_usage(outcomes), speculation=_total_speculation(outcomes))
 
@@ -443,8 +467,9 @@ def create_app(backend: Backend, served_model: str = "ensemble", tokenizer: Any 
                     yield envelope("chat.completion.chunk", delta(i, {"content": piece.text}, None, piece.logprobs),
                                    **usage)
                 else:
-                    yield envelope("chat.completion.chunk", delta(i, {}, outcomes[i].finish_reason), **usage,
-                                   speculation=outcomes[i].speculation())
+                    last = delta(i, {}, outcomes[i].finish_reason)
+                    last[0]["speculative_decoding_stats"] = outcomes[i].speculative_decoding_stats()
+                    yield envelope("chat.completion.chunk", last, **usage, speculation=outcomes[i].speculation())
             if body.include_usage():
                 yield envelope("chat.completion.chunk", [], usage=_total_usage(outcomes))
 

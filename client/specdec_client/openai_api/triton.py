@@ -20,7 +20,8 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from specdec_client.api import INPUT_DTYPES, LIST_INPUT_DTYPES, input_array
 
-STAT_NAMES = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "fallback_active")
+STAT_NAMES = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "fallback_active",
+              "total_verification_passes", "max_draft_depth")
 # An error naming one of the ensemble's inputs ("max_tokens: must be in [1, 1024], got 5000") is the client's.
 _FIELD_ERROR = re.compile(r"(?:^|[\s,'])(" + "|".join(["text_input", *INPUT_DTYPES, *LIST_INPUT_DTYPES]) + r"): ")
 _BUSY = ("server busy", "KV slots", "maximum queue size", "queue timeout", "Request timeout expired", "deadline")
@@ -45,6 +46,7 @@ class Chunk:
     stats: dict[str, float] = field(default_factory=dict)
     final: bool = False
     logprobs: list[TokenLogprob] = field(default_factory=list)  # with return_log_probs
+    acceptance_histogram: list[int] = field(default_factory=list)  # [j]: verifications that accepted j drafts
 
 
 def _logprobs(result: Any) -> list[TokenLogprob]:
@@ -87,6 +89,11 @@ def _tensor(name: str, value: Any) -> grpcclient.InferInput:
     tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
     tensor.set_data_from_numpy(array)
     return tensor
+
+
+def _ints(result: Any, name: str) -> list[int]:
+    value = result.as_numpy(name)
+    return [] if value is None else [int(v) for v in value.reshape(-1)]
 
 
 def _scalar(result: Any, name: str) -> float | None:
@@ -155,6 +162,7 @@ class TritonBackend:
                     stats={name: value for name in STAT_NAMES if (value := _scalar(result, name)) is not None},
                     final=final is None or final.bool_param,
                     logprobs=_logprobs(result),
+                    acceptance_histogram=_ints(result, "acceptance_histogram"),
                 )
                 if final is None or final.bool_param:
                     return

@@ -7,7 +7,6 @@ character (or, when not streaming, one response with all of them).
 from __future__ import annotations
 
 import asyncio
-import copy
 import secrets
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -65,6 +64,9 @@ def stats_tensors(stats: GenerationStats, num_input_tokens: int, num_output_toke
         value_tensor("fallback_active", stats.fallback_active or stats.draft_failures > 0, np.bool_),
         value_tensor("num_input_tokens", num_input_tokens, np.int32),
         pb_utils.Tensor("drafter_used", np.array([[stats.drafter.encode()]], dtype=object)),
+        value_tensor("total_verification_passes", stats.verification_passes, np.int32),
+        ids_tensor("acceptance_histogram", stats.acceptance_histogram),
+        value_tensor("max_draft_depth", len(stats.accepted_per_position), np.int32),
     ]
 
 
@@ -86,7 +88,8 @@ class Responder:
         """The response, built when it is sent (off the path to the next wave: ResponseQueue) from the
         statistics as they are now. `new_tokens`: generated tokens this response adds (num_output_tokens with
         return_num_output_tokens)."""
-        stats = copy.copy(self.stats)
+        stats = replace(self.stats, acceptance_histogram=list(self.stats.acceptance_histogram),
+                        accepted_per_position=list(self.stats.accepted_per_position))
         return lambda: self._response(prefix, chunk, new_tokens, stats)
 
     def _response(self, prefix: list[int], chunk: list[int], new_tokens: int, stats: GenerationStats) -> Any:
