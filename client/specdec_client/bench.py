@@ -7,6 +7,14 @@ concurrency 1 the same run also times Hugging Face transformers on the same chec
 greedy `generate`, assisted generation (`assistant_model`) with its default schedule, with a fixed k, and
 prompt lookup decoding (`prompt_lookup_num_tokens`).
 
+Each scenario runs greedy and, with `--sampling`, sampled (temperature 0.7 / top_p 0.95 `t0.7`, temperature
+1.0 `t1.0`), each sampled request with its own seed; "speculative" is what the default profiles do with the
+request (they decode a sampled request plain unless it names a speculation option); `--drafters` adds modes that
+force a drafter. How repetitive the answers were is reported per cell (`repeated_share`: the share of an
+answer's words inside a word 4-gram that occurs 3 or more times in it; an answer at 0.3 or more counts as
+looping), and the speedup over the pairs of answers neither of which loops beside the overall one: a 135M
+model loops under greedy decoding and prompt lookup proposes a loop for free.
+
 Per cell: req/s, tok/s, P50/P99 latency, P50/P99 time to first token, inter-token latency
 ((latency - TTFT) / (tokens - 1), as genai-perf), alpha (accepted / proposed draft tokens, from the
 responses), tau (tokens per verification pass), mean k, and from the server's /metrics the per-call compute
@@ -41,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec_client.api import generate_grpc
-from specdec_client.bench_prompts import PROMPTS_FILE
+from specdec_client.bench_prompts import PROMPTS_FILE, SAMPLINGS
 from specdec_client.scrape import Scrape, scrape
 from specdec_client.server import REPO_ROOT, TritonServer, free_port, model_processes
 
@@ -56,6 +64,32 @@ DEFAULT_CONCURRENCY = (1, 4, 16)
 # Targets of the real-model and EAGLE issues (benchmark figures, not test assertions).
 TARGET_SPEEDUP = {"json": 3.0, "code": 2.5, "prose": 2.0}  # the real-model issues' targets
 TARGET_OVER_HF_ASSISTED = 1.5
+GREEDY = "greedy"
+REPEAT_NGRAM, REPEAT_TIMES = 4, 3  # a word 4-gram that occurs 3 or more times in an answer is a repeat
+LOOPING_SHARE = 0.3  # an answer with this share of its words inside repeats or more loops
+
+
+def repeated_share(text: str) -> float:
+    """The share of `text`'s words inside a word REPEAT_NGRAM-gram that occurs REPEAT_TIMES or more times in it."""
+    words = text.split()
+    grams = [tuple(words[i:i + REPEAT_NGRAM]) for i in range(len(words) - REPEAT_NGRAM + 1)]
+    counts: dict[tuple[str, ...], int] = {}
+    for gram in grams:
+        counts[gram] = counts.get(gram, 0) + 1
+    covered = [False] * len(words)
+    for i, gram in enumerate(grams):
+        if counts[gram] >= REPEAT_TIMES:
+            covered[i:i + REPEAT_NGRAM] = [True] * REPEAT_NGRAM
+    return sum(covered) / len(words) if words else 0.0
+
+
+def label_of(scenario: str, sampling: str) -> str:
+    """A cell's scenario label: the scenario, with its sampling after it unless greedy ("json t0.7")."""
+    return scenario if sampling == GREEDY else f"{scenario} {sampling}"
+
+
+def is_greedy(label: str) -> bool:
+    return len(label.split()) == 1
 TARGET_BOUND_FRACTION = 0.9
 TARGET_MEMORY_OVERHEAD = 0.15  # the real-model issue: speculation costs at most 15% more memory
 DRAFTER_MODELS = ("draft_model", "eagle_draft")  # the decoders that only speculation needs
@@ -111,6 +145,8 @@ class Cell:
             "itl_mean_s": statistics.fmean(itls) if itls else None, "itl_p50_s": percentile(itls, 50),
             "alpha": accepted / proposed if proposed else None,
             "fallback_share": sum(r.fallback for r in ok) / len(ok) if ok else None,
+            "repeated_share": statistics.fmean(repeated_share(r.text) for r in ok) if ok else None,
+            "looping_requests": sum(repeated_share(r.text) >= LOOPING_SHARE for r in ok),
         }
         s = self.server
         passes = s.get("passes", 0.0)
@@ -175,8 +211,10 @@ def server_deltas(delta: Scrape, task: str) -> dict[str, float]:
 
 
 def run_server_batch(url: str, prompts: list[str], params: dict[str, Any], concurrency: int,
-                     on_done: Callable[[], None]) -> tuple[list[tuple[int, Any, str | None, float]], float]:
-    """Send every prompt once with `concurrency` requests in flight; returns per-prompt results and wall time."""
+                     on_done: Callable[[], None], seeded: bool = False
+                     ) -> tuple[list[tuple[int, Any, str | None, float]], float]:
+    """Send every prompt once with `concurrency` requests in flight (`seeded`: prompt i with seed 1000 + i, the
+    same in every mode); returns per-prompt results and wall time."""
     results: list[tuple[int, Any, str | None, float]] = []
     lock = threading.Lock()
     queue = iter(range(len(prompts)))
@@ -193,7 +231,8 @@ def run_server_batch(url: str, prompts: list[str], params: dict[str, Any], concu
                     return
                 started = time.perf_counter()
                 try:
-                    result = generate_grpc(url, {**params, "text_input": prompts[index]}, client=client)
+                    seed = {"seed": 1000 + index} if seeded else {}
+                    result = generate_grpc(url, {**params, **seed, "text_input": prompts[index]}, client=client)
                     item = (index, result, None, time.perf_counter() - started)
                 except Exception as exc:  # recorded, not fatal: the table shows the error count
                     item = (index, None, f"{type(exc).__name__}: {exc}", time.perf_counter() - started)
@@ -393,8 +432,27 @@ def _fmt(value: Any, scale: float = 1.0, digits: int = 1) -> str:
     return "–" if value is None else f"{value * scale:.{digits}f}"
 
 
-def derived(summaries: list[dict[str, Any]], scenarios: list[str]) -> dict[str, dict[str, Any]]:
-    """Ratios from the same run: speedup, ours over HF, model bound (c, v), per-iteration time split."""
+def not_looping_speedup(cells: dict[tuple[str, str, int], Cell], label: str, mode: str) -> dict[str, Any]:
+    """At concurrency 1: `mode`'s speedup over plain decoding on the requests (same prompt, same round) where
+    neither answer loops (repeated_share below LOOPING_SHARE), and how many such pairs there were."""
+    plain, spec = cells.get((label, PLAIN, 1)), cells.get((label, mode, 1))
+    if plain is None or spec is None:
+        return {}
+    by_request = {(r.round, r.prompt): r for r in plain.records if r.error is None}
+    pairs = [(by_request[(r.round, r.prompt)], r) for r in spec.records
+             if r.error is None and (r.round, r.prompt) in by_request]
+    kept = [(p, r) for p, r in pairs if max(repeated_share(p.text), repeated_share(r.text)) < LOOPING_SHARE]
+    if not kept:
+        return {"not_looping_pairs": 0, "pairs": len(pairs)}
+    rate = lambda records: sum(r.output_tokens for r in records) / sum(r.latency_s for r in records)  # noqa: E731
+    return {"speedup_not_looping": rate([r for _, r in kept]) / rate([p for p, _ in kept]),
+            "not_looping_pairs": len(kept), "pairs": len(pairs)}
+
+
+def derived(summaries: list[dict[str, Any]], scenarios: list[str],
+            not_looping: dict[tuple[str, str], dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+    """Ratios from the same run: speedup, ours over HF, model bound (c, v), per-iteration time split, and the
+    speedup on answers that do not loop (`not_looping`, per scenario label and mode)."""
     by = {(s["scenario"], s["mode"], s["concurrency"]): s for s in summaries}
     modes = list(dict.fromkeys(s["mode"] for s in summaries if is_speculative(s["mode"])))
     out: dict[str, dict[str, Any]] = {}
@@ -426,6 +484,7 @@ def derived(summaries: list[dict[str, Any]], scenarios: list[str]) -> dict[str, 
             row["iteration_split_ms"] = parts
             row["plain_step_ms"] = plain.get("iteration_ms")
         row["alpha"], row["tau"] = spec.get("alpha"), spec.get("tau")
+        row.update((not_looping or {}).get((scenario, mode), {}))
         out[scenario if mode == SPECULATIVE else f"{scenario} {mode}"] = row
     return out
 
@@ -442,8 +501,8 @@ def markdown(results: dict[str, Any]) -> str:
                 for n, m in results["machine"]["models"].items()),
              "", "## Throughput and latency", "",
              "| scenario | mode | conc. | req | req/s | tok/s | P50 lat s | P99 lat s | P50 TTFT ms | P99 TTFT ms "
-             "| ITL ms | α | τ | k | fallback | speedup |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| ITL ms | α | τ | k | fallback | repeated (looping) | speedup |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     plain_tps = {(s["scenario"], s["concurrency"]): s["tok_per_s"] for s in summaries if s["mode"] == PLAIN}
     for s in summaries:
         base = plain_tps.get((s["scenario"], s["concurrency"])) if s["mode"] != PLAIN else None
@@ -457,15 +516,19 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {_fmt(s['ttft_p50_s'], 1e3)} | {_fmt(s['ttft_p99_s'], 1e3)} | {_fmt(s['itl_mean_s'], 1e3, 2)} "
             f"| {_fmt(s['alpha'], digits=2)} | {_fmt(s.get('tau'), digits=2)} | {_fmt(s.get('k_mean'), digits=1)} "
             f"| {_fmt(s['fallback_share'], 100, 0) + '%' if is_speculative(s['mode']) else '–'} "
+            f"| {_fmt(s.get('repeated_share'), 100, 0)}% ({s.get('looping_requests', 0)}) "
             f"| {_fmt(speedup, digits=2)}{'×' if speedup else ''} |")
     lines += ["", "Speedup: tok/s over plain decoding through the same server at the same concurrency (HF rows: "
               "over our plain decoding at concurrency 1). fallback: share of speculative requests whose task profile "
-              "had fallen back to plain decoding (acceptance below the profile's floor).", "",
+              "had fallen back to plain decoding (acceptance below the profile's floor). repeated: the mean share "
+              f"of an answer's words inside a word {REPEAT_NGRAM}-gram that occurs {REPEAT_TIMES} or more times "
+              f"in it; in brackets the answers at {LOOPING_SHARE:.0%} or more (looping). Sampled cells (t0.7: "
+              "temperature 0.7, top_p 0.95; t1.0: temperature 1.0) send each request with its own seed.", "",
               "## Targets (concurrency 1)", "",
               "| scenario | speedup (target) | α | τ | ours / HF assisted default | ours / HF assisted k "
               "| ours / HF prompt lookup | ours / HF greedy | c | v | bound τ/(kc+v) | speedup / bound "
-              "| P99 spec / plain |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "| P99 spec / plain | speedup without looping answers (pairs) |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for scenario, r in ratios.items():
         lines.append(
             f"| {scenario} | {_fmt(r['speedup'], digits=2)}× ({TARGET_SPEEDUP.get(scenario.split()[0], 0):.1f}×) "
@@ -475,7 +538,9 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {_fmt(r.get('over_' + HF_GREEDY), digits=2)} | {_fmt(r.get('c'), digits=3)} "
             f"| {_fmt(r.get('v'), digits=2)} "
             f"| {_fmt(r.get('model_bound'), digits=2)} | {_fmt(r.get('fraction_of_bound'), 100, 0)}% "
-            f"| {_fmt(r['p99_latency_ratio'], digits=2)} |")
+            f"| {_fmt(r['p99_latency_ratio'], digits=2)} "
+            f"| {_fmt(r.get('speedup_not_looping'), digits=2)}{'×' if r.get('speedup_not_looping') else ''} "
+            f"({r.get('not_looping_pairs', 0)} of {r.get('pairs', 0)}) |")
     split = {s: r["iteration_split_ms"] for s, r in ratios.items() if r.get("iteration_split_ms")}
     if split:
         lines += ["", "## Where an iteration's time goes (speculative, concurrency 1, ms per target call)", "",
@@ -606,45 +671,49 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return max(n_prompts, concurrency) if concurrency > 1 else n_prompts
 
     modes = server_modes(args.drafters)
-    total = sum(args.rounds * requests_per_cell(c, len(s["prompts"])) * len(modes)
+    samplings = args.sampling
+    total = sum(args.rounds * requests_per_cell(c, len(s["prompts"])) * len(modes) * len(samplings)
                 for s in scenarios.values() for c in args.concurrency)
     total += 0 if hf is None else sum(args.rounds * len(s["prompts"]) * len(HF_MODES) for s in scenarios.values())
     results: dict[str, Any] = {"machine": machine_info(args.model_repository), "config": {
         k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
     if hf is not None:
         results["hf"] = hf.describe()
+    labels = [label_of(name, sampling) for name in scenarios for sampling in samplings]
     with server_for(args) as (url, metrics_url, server), tqdm(total=total, unit="req", dynamic_ncols=True) as bar:
         for name, scenario in scenarios.items():
             task, max_tokens = scenario["task"], scenario["max_tokens"]
-            for concurrency in args.concurrency:
+            for sampling, concurrency in ((s, c) for s in samplings for c in args.concurrency):
+                label = label_of(name, sampling)
                 n = requests_per_cell(concurrency, len(scenario["prompts"]))
                 prompts = [scenario["prompts"][i % len(scenario["prompts"])] for i in range(n)]
                 for round_ in range(args.rounds):
                     order = modes if round_ % 2 == 0 else modes[::-1]
                     for mode in order:
-                        bar.set_description(f"{name} c={concurrency} {mode}")
-                        params = {"max_tokens": max_tokens, "stream": True, "task": task,
+                        bar.set_description(f"{label} c={concurrency} {mode}")
+                        params = {"max_tokens": max_tokens, "stream": True, "task": task, **SAMPLINGS[sampling],
                                   "num_draft_tokens": 0 if mode == PLAIN else args.num_draft_tokens.get(name)}
                         if mode.startswith(DRAFTER_MODE_PREFIX):
                             params["drafter"] = mode[len(DRAFTER_MODE_PREFIX):]
                         before = scrape(metrics_url)
-                        batch, wall = run_server_batch(url, prompts, params, concurrency, lambda: bar.update(1))
+                        batch, wall = run_server_batch(url, prompts, params, concurrency, lambda: bar.update(1),
+                                                       seeded=sampling != GREEDY)
                         time.sleep(0.2)  # metrics are recorded just after the last response
                         delta = scrape(metrics_url) - before
-                        cell = cells.setdefault((name, mode, concurrency), Cell(name, mode, concurrency))
+                        cell = cells.setdefault((label, mode, concurrency), Cell(label, mode, concurrency))
                         cell.wall_s += wall
                         for key, value in server_deltas(delta, task).items():
                             cell.server[key] = cell.server.get(key, 0.0) + value
                         for index, result, error, latency in batch:
                             cell.records.append(Record(
-                                name, mode, concurrency, round_, index, latency,
+                                label, mode, concurrency, round_, index, latency,
                                 result.time_to_first_token_s if result else None,
                                 result.num_output_tokens if result else 0,
                                 int(result.stats.get("total_draft_tokens", 0)) if result else 0,
                                 int(result.stats.get("total_accepted_draft_tokens", 0)) if result else 0,
                                 result.text if result else "", error,
                                 bool(result.stats.get("fallback_active", 0)) if result else False))
-                    if hf is not None and concurrency == 1:
+                    if hf is not None and concurrency == 1 and sampling == GREEDY:
                         for mode in HF_MODES:
                             bar.set_description(f"{name} HF {mode}")
                             cell = cells.setdefault((name, mode, 1), Cell(name, mode, 1))
@@ -662,7 +731,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             summary["draft_calls_per_target_call"] = cell.server["draft_calls"] / cell.server["target_calls"]
         summaries.append(summary)
     results["cells"] = summaries
-    results["derived"] = derived(summaries, list(scenarios))
+    not_looping = {(label, mode): not_looping_speedup(cells, label, mode)
+                   for label, mode, concurrency in cells if concurrency == 1 and is_speculative(mode)}
+    results["derived"] = derived(summaries, labels, not_looping)
     results["memory"] = memory
     results["fidelity"] = fidelity(cells)
     results["fidelity_mismatches"] = fidelity_mismatches(cells)
@@ -694,8 +765,8 @@ def fidelity(cells: dict[tuple[str, str, int], Cell]) -> dict[str, dict[str, int
 
 def plain_texts(cells: dict[tuple[str, str, int], Cell]) -> dict[tuple[str, int, int], str]:
     """(scenario, concurrency, prompt) -> our plain decoding's output, stripped: what greedy modes must equal."""
-    return {(r.scenario, c, r.prompt): r.text.strip() for (_, m, c), cell in cells.items() if m == PLAIN
-            for r in cell.records if r.error is None}
+    return {(r.scenario, c, r.prompt): r.text.strip() for (label, m, c), cell in cells.items()
+            if m == PLAIN and is_greedy(label) for r in cell.records if r.error is None}
 
 
 MISMATCH_CONTEXT_CHARS = 60  # excerpt on each side of where a greedy output first leaves plain decoding's
@@ -744,6 +815,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")],
                         default=list(DEFAULT_CONCURRENCY))
     parser.add_argument("--rounds", type=int, default=2, help="alternating plain/speculative rounds (ABBA)")
+    parser.add_argument("--sampling", type=lambda s: s.split(","), default=[GREEDY],
+                        help=f"comma list of {', '.join(SAMPLINGS)} (sampled: a seed per request)")
     parser.add_argument("--num-draft-tokens", type=parse_k, default={},
                         help="speculative requests' k: N for every scenario or json=8,code=6,prose=8 (default: the "
                              "server's profile for the task; an explicit k also overrides the profile's fallback)")
@@ -755,6 +828,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hf-threads", type=int, default=1, help="torch threads of the HF peer (server: 1/model)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench_results" / "latest")
     args = parser.parse_args(argv)
+    if unknown := [s for s in args.sampling if s not in SAMPLINGS]:
+        parser.error(f"--sampling: {', '.join(unknown)} not among {', '.join(SAMPLINGS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     results = run(args)
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")

@@ -23,6 +23,11 @@ from pathlib import Path
 
 from specdec_client.server import REPO_ROOT
 
+# The decoding modes the benchmarks send, by name. top_p is sent explicitly: at the ensemble (TensorRT-LLM's
+# semantics) top_k and top_p both 0 or absent mean greedy.
+SAMPLINGS = {"greedy": {"temperature": 0.0}, "t0.7": {"temperature": 0.7, "top_p": 0.95},
+             "t1.0": {"temperature": 1.0, "top_p": 1.0}}
+
 # Scenario -> (corpus domain, server task, new tokens). The article's three scenarios.
 SCENARIOS: dict[str, tuple[str, str, int]] = {
     "json": ("json", "json", 128),

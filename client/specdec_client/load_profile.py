@@ -31,6 +31,7 @@ from typing import Any
 
 from specdec_client.api import generate_grpc
 from specdec_client.bench import percentile
+from specdec_client.bench_prompts import SAMPLINGS
 from specdec_client.scrape import Scrape, scrape
 from specdec_client.server import DEFAULT_MODEL_REPOSITORY, start_on_free_ports
 
@@ -39,9 +40,6 @@ DECODERS = ("target_model", "eagle_draft", "draft_model")
 BATCH_METRIC = "specdec_decoder_executions_total"
 STEPS_METRIC = "specdec_decoder_steps_total"
 PHASE_METRIC = "specdec_generation_seconds_total"
-# top_p sent explicitly: at the ensemble (TensorRT-LLM's semantics) top_k and top_p both 0 or absent mean greedy.
-SAMPLINGS = {"greedy": {"temperature": 0.0}, "t0.7": {"temperature": 0.7, "top_p": 0.95},
-             "t1.0": {"temperature": 1.0, "top_p": 1.0}}
 
 
 @dataclass

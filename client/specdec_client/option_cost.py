@@ -2,7 +2,9 @@
 
 Each held-out chat request (`prompts/bench_chat.json`, the first `--per-domain` of each domain) is sent once
 without options and once with each option, back to back, through gRPC, unstreamed, at the default profiles
-(greedy unless an option samples); prints output tokens/s per option and its ratio to no option.
+(greedy unless an option samples); prints output tokens/s per option and its ratio to no option, and what
+that ratio is made of: the tokens each verification accepted (an option that changes the answers changes what
+the drafters find to propose) and the time a verification took (the option's own processing).
 
     python -m specdec_client.option_cost --start-server
     python -m specdec_client.option_cost --url 127.0.0.1:8001 --per-domain 8
@@ -32,16 +34,18 @@ OPTIONS: dict[str, dict[str, Any]] = {
 }
 
 
-def measure(url: str, per_domain: int, max_tokens: int) -> dict[str, tuple[int, float]]:
+def measure(url: str, per_domain: int, max_tokens: int) -> dict[str, tuple[int, float, int]]:
+    """Per option: (output tokens, seconds, verifications) over the requests."""
     scenarios = json.loads(CHAT_PROMPTS_FILE.read_text())["scenarios"]
     requests = [(s["task"], p["prompt"]) for s in scenarios.values() for p in s["prompts"][:per_domain]]
-    totals = {name: (0, 0.0) for name in OPTIONS}
+    totals = {name: (0, 0.0, 0) for name in OPTIONS}
     for task, prompt in requests:
         for name, extra in OPTIONS.items():
             result = generate_grpc(url, {"text_input": prompt, "max_tokens": max_tokens, "task": task,
                                          "exclude_input_in_output": True, **extra})
-            tokens, seconds = totals[name]
-            totals[name] = (tokens + result.num_output_tokens, seconds + result.latency_s)
+            tokens, seconds, passes = totals[name]
+            totals[name] = (tokens + result.num_output_tokens, seconds + result.latency_s,
+                            passes + int(result.stats.get("total_verification_passes", 0)))
     return totals
 
 
@@ -62,10 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server is not None:
             server.stop()
-    base = totals["none"][0] / totals["none"][1]
-    print("| option | output tok/s | ÷ none | output tokens |\n| --- | --- | --- | --- |")
-    for name, (tokens, seconds) in totals.items():
-        print(f"| {name} | {tokens / seconds:.1f} | {tokens / seconds / base:.2f}× | {tokens} |")
+    base_tokens, base_seconds, base_passes = totals["none"]
+    print("| option | output tok/s | ÷ none | tokens per verification (none's) | ms per verification ÷ none's "
+          "| output tokens |\n| --- | --- | --- | --- | --- | --- |")
+    for name, (tokens, seconds, passes) in totals.items():
+        per_pass = f"{tokens / passes:.2f} ({base_tokens / base_passes:.2f})" if passes and base_passes else "-"
+        pass_cost = f"{(seconds / passes) / (base_seconds / base_passes):.2f}×" if passes and base_passes else "-"
+        print(f"| {name} | {tokens / seconds:.1f} | {tokens / seconds / (base_tokens / base_seconds):.2f}× "
+              f"| {per_pass} | {pass_cost} | {tokens} |")
     return 0
 
 

@@ -87,7 +87,8 @@ from pathlib import Path
 from typing import Any
 
 from specdec_client.bench import machine_info, percentile, served_runtime
-from specdec_client.load_profile import SAMPLINGS, load_prompts
+from specdec_client.bench_prompts import SAMPLINGS
+from specdec_client.load_profile import load_prompts
 from specdec_client.server import (
     DEFAULT_MODEL_REPOSITORY,
     REPO_ROOT,

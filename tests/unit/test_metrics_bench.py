@@ -158,3 +158,33 @@ def test_memory_overhead_counts_every_loaded_drafter_and_each_alone():
     alone = bench.server_memory(FakeScrape(), server=None)
     assert alone["drafters_loaded"] == ["eagle_draft"]
     assert alone["overhead_fraction"] == pytest.approx(alone["overhead_fraction_each"]["eagle_draft"])
+
+
+def test_repeated_share_counts_the_words_inside_repeated_4grams():
+    assert bench.repeated_share("") == 0.0 and bench.repeated_share("one two three") == 0.0
+    loop = "I am the one. " * 3  # the 4-grams of a 4-word phrase said 3 times: every word inside one
+    assert bench.repeated_share(loop) == 1.0
+    assert bench.repeated_share(loop + " ".join(f"w{i}" for i in range(12))) == pytest.approx(12 / 24)
+    assert bench.repeated_share("a b c d a b c d x y") == 0.0  # twice is not a loop
+
+
+def test_speedup_without_looping_answers_pairs_the_same_requests():
+    """Only the (round, prompt) pairs where neither answer loops count; sampled labels stay out of fidelity."""
+    looping, varied = "go on and on " * 10, " ".join(f"w{i}" for i in range(40))
+
+    def texts(label: str, mode: str, outputs: list[tuple[str, float]]) -> bench.Cell:
+        c = bench.Cell(label, mode, 1)
+        c.records = [bench.Record(label, mode, 1, 0, i, latency, 0.1, 40, text=t)
+                     for i, (t, latency) in enumerate(outputs)]
+        return c
+
+    cells = {("json t0.7", bench.PLAIN, 1): texts("json t0.7", bench.PLAIN, [(looping, 4.0), (varied, 2.0)]),
+             ("json t0.7", bench.SPECULATIVE, 1): texts("json t0.7", bench.SPECULATIVE,
+                                                          [(looping, 1.0), (varied + " x", 1.6)])}
+    got = bench.not_looping_speedup(cells, "json t0.7", bench.SPECULATIVE)
+    assert got["not_looping_pairs"] == 1 and got["pairs"] == 2
+    assert got["speedup_not_looping"] == pytest.approx(2.0 / 1.6)
+    summary = cells[("json t0.7", bench.SPECULATIVE, 1)].summary()
+    assert summary["looping_requests"] == 1 and summary["repeated_share"] == pytest.approx(0.5)
+    assert bench.fidelity(cells)[bench.SPECULATIVE] == {"equal": 0, "compared": 0}  # sampled: not compared
+    assert bench.label_of("json", "greedy") == "json" and bench.label_of("json", "t1.0") == "json t1.0"
