@@ -53,7 +53,7 @@ from eagle_features import FeatureRecorder, teacher_forced  # noqa: E402
 from specdec.checkpoint import EAGLE_AUX_LAYERS, EAGLE_CONFIG_KEY, PROPOSAL_VOCAB_FILE  # noqa: E402
 from target_answers import MAX_NEW_TOKENS, MAX_PROMPT_TOKENS, SAMPLED, prompt_ids  # noqa: E402
 from train_draft import _held_out, batches  # noqa: E402
-from train_eagle import EagleHead, agreement, loss_rows, losses, save_head  # noqa: E402
+from train_eagle import EagleHead, agreement, answer_temperature, loss_rows, losses, sampling_of, save_head  # noqa: E402,E501
 
 MAX_LEN = MAX_PROMPT_TOKENS + max(MAX_NEW_TOKENS.values())
 
@@ -206,7 +206,7 @@ def record(recorder: FeatureRecorder, rows: list[dict], store: FeatureStore, tok
         offset = store.add(hidden, aux)
         examples.append({"id": ex["id"], "ids": ex["ids"], "start": ex["prompt_len"], "domain": ex["domain"],
                          "mode": ex["mode"], "kind": ex["kind"], "src": ("gpu",), "offset": offset,
-                         "held_out": ex["held_out"]})
+                         "held_out": ex["held_out"], "sampling": sampling_of(ex)})
     seconds = time.monotonic() - started
     tokens = sum(len(ex["ids"]) for ex in pending)
     return examples, {"examples": len(examples), "tokens": tokens, "seconds": round(seconds, 1),
@@ -229,7 +229,8 @@ def gpu_collate(batch: list[dict], store: FeatureStore) -> dict[str, torch.Tenso
     index, real = index.to(device), real.to(device)
     rows, mask = loss_rows(batch)
     out = {"ids": ids.to(device), "feats": store.feats[index].float() * real, "rows": rows.to(device),
-           "mask": mask.to(device)}
+           "mask": mask.to(device),
+           "temperature": torch.tensor([answer_temperature(ex) for ex in batch], dtype=torch.float32, device=device)}
     if store.aux is not None:
         out["aux"] = store.aux[index].float() * real
     return out
@@ -266,7 +267,8 @@ def train(model: EagleHead, train_set: list[dict], eval_set: list[dict], store: 
         for group in opt.param_groups:
             group["lr"] = lr
         batch = gpu_collate(next(stream), store)
-        loss, parts = losses(model, batch, args.feature_weight, args.ttt_weight, False, True)
+        loss, parts = losses(model, batch, args.feature_weight, args.ttt_weight, False, True,
+                             args.answer_temperatures, args.tv_weight)
         opt.zero_grad(set_to_none=True)
         if loss.requires_grad:
             loss.backward()
@@ -346,6 +348,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--min-lr-frac", type=float, default=0.1)
     ap.add_argument("--feature-weight", type=float, default=0.5)
     ap.add_argument("--ttt-weight", type=float, default=1.0)
+    ap.add_argument("--answer-temperatures", action="store_true", help="sampled answers' rows compared at the "
+                    "temperature they were sampled at (train_eagle's option)")
+    ap.add_argument("--tv-weight", type=float, default=0.0, help="weight of the total variation (train_eagle's)")
     ap.add_argument("--probe-steps", type=int, default=20)
     ap.add_argument("--evals", type=int, default=6, help="held-out evaluations after the start's")
     ap.add_argument("--valid-frac", type=float, default=0.1)

@@ -5,17 +5,27 @@ answers are greedy (what greedy speculation must predict); a share is sampled (t
 0.95) so the draft also sees what the target writes when a client samples. Requests are answered with the
 project's own static-cache runtime, many at a time (continuous batching).
 
+``--sampling t0.7,t1.0`` instead answers every request once per listed decoding mode (the benchmark's
+``SAMPLINGS``), each answer seeded from its request and mode, under the id ``<request id>@<mode>`` (a request's
+answers stay on one side of the training split, which hashes the request id). ``--prompts-from`` takes the
+prompts of an answers file made before (its ``prompt_ids``), e.g. the committed greedy answers, so their
+requests get sampled answers beside the greedy ones without the corpora.
+
 Resumable: answers are appended to ``--out`` as they are made, one JSON object a line
-(``{"id", "domain", "kind", "mode", "prompt_ids", "answer_ids"}``); a second run skips the ids already
-there, so the job can be stopped and restarted at any time (``--limit`` bounds one run).
+(``{"id", "domain", "kind", "mode", "prompt_ids", "answer_ids"}``, with ``--sampling`` also ``"sampling"``:
+the mode's name); a second run skips the ids already there, so the job can be stopped and restarted at any
+time (``--limit`` bounds one run).
 
 Usage: ``python build/target_answers.py --target model_repository/target_model/1 \\
-    --requests data/chat/requests.jsonl --out data/chat/answers.jsonl --threads 2``
+    --requests data/chat/requests.jsonl --out data/chat/answers.jsonl --threads 2``;
+``python build/target_answers.py --prompts-from build/answers/chat2033-cpu.jsonl.gz --sampling t0.7,t1.0 \\
+    --max-new 128 --out data/sampled/answers.jsonl``
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import random
@@ -28,12 +38,14 @@ from tqdm import tqdm
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python_backend"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from specdec.sampling import SamplingParams, make_rng, probabilities, sample  # noqa: E402
+from specdec_client.bench_prompts import SAMPLINGS  # noqa: E402
 
 MAX_NEW_TOKENS = {"code": 256, "json": 160, "prose": 256}
 MAX_PROMPT_TOKENS = 512
-SAMPLED = {"temperature": 0.7, "top_p": 0.95}
+SAMPLED = SAMPLINGS["t0.7"]
 SLOT_ROWS = MAX_PROMPT_TOKENS + max(MAX_NEW_TOKENS.values())
 
 
@@ -43,6 +55,31 @@ def prompt_ids(tokenizer, request: dict) -> list[int]:
         return list(tokenizer.apply_chat_template(request["messages"], add_generation_prompt=True,
                                                   tokenize=True, return_dict=True)["input_ids"])
     return tokenizer(request["prompt"], add_special_tokens=False)["input_ids"]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The rows of a JSONL file, gzipped or not; a line cut short by a stop is skipped."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    rows = []
+    with opener(path, "rt", encoding="utf-8") as f:
+        for line in f:
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue
+    return rows
+
+
+def requests_of_answers(path: Path) -> list[dict]:
+    """Requests ``{"id", "domain", "kind", "prompt_ids"}`` from an answers file, the first row of each id."""
+    seen, requests = set(), []
+    for row in read_jsonl(path):
+        base = row["id"].split("@")[0]
+        if base not in seen:
+            seen.add(base)
+            requests.append({"id": base, "domain": row["domain"], "kind": row.get("kind", ""),
+                             "prompt_ids": row["prompt_ids"]})
+    return requests
 
 
 def done_ids(path: Path) -> set[str]:
@@ -58,17 +95,16 @@ def done_ids(path: Path) -> set[str]:
 
 
 class ContinuousAnswerer:
-    """Answers requests with the project's static-cache torch runtime, `slots` sequences at a time.
+    """Answers requests with one of the project's runtimes, `runtime.num_slots` sequences at a time.
 
     A finished sequence frees its slot at once and the next request is prefilled into it (continuous
-    batching): one decode forward serves every live sequence. On this CPU that runs about 5x faster than
-    Hugging Face ``generate`` on padded batches (measured: 200 against 16-48 tokens/s, batch 16).
+    batching): one decode forward serves every live sequence. On this CPU the static-cache torch runtime runs
+    about 5x faster than Hugging Face ``generate`` on padded batches (measured: 200 against 16-48 tokens/s,
+    batch 16), the served onnxruntime graph (the GGUF file's 4-bit blocks) faster still.
     """
 
-    def __init__(self, target: Path, slots: int, max_length: int, eos_ids: list[int], dtype: torch.dtype) -> None:
-        from specdec.runtime.torch_llama import TorchLlamaRuntime
-
-        self.runtime = TorchLlamaRuntime(target, num_slots=slots, max_length=max_length, dtype=dtype)
+    def __init__(self, runtime, eos_ids: list[int]) -> None:
+        self.runtime = runtime
         self.eos_ids = set(eos_ids)
 
     def run(self, todo: list[tuple[dict, list[int], int, SamplingParams]], write, progress) -> None:
@@ -107,6 +143,19 @@ class ContinuousAnswerer:
                     free.append(slot)
 
 
+def make_runtime(args: argparse.Namespace):
+    """The runtime ``--runtime`` names, ``--slots`` sequences of prompt + answer rows."""
+    if args.runtime == "served":
+        from export_onnx import configured_quantization
+        from specdec.runtime import build_runtime
+
+        return build_runtime("onnxruntime", args.target, args.slots, SLOT_ROWS, num_threads=args.threads,
+                             weight_quantization=configured_quantization(args.target))
+    from specdec.runtime.torch_llama import TorchLlamaRuntime
+
+    return TorchLlamaRuntime(args.target, num_slots=args.slots, max_length=SLOT_ROWS, dtype=getattr(torch, args.dtype))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Command line entry point."""
     from transformers import AutoTokenizer, GenerationConfig
@@ -125,36 +174,68 @@ def main(argv: list[str] | None = None) -> None:
                     help="bfloat16 prefills 3x faster on CPUs with avx512_bf16, but torch's CPU attention is 5x "
                          "slower in bf16 than in fp32 (measured: 20 against 4 ms a layer, 32 x 500 rows)")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--runtime", choices=("torch", "served"), default="torch", help="torch: the checkpoint in "
+                    "--dtype; served: the onnxruntime graph the server runs (its config.pbtxt's weight "
+                    "quantization: the text the served target writes)")
+    ap.add_argument("--prompts-from", type=Path, help="take the prompts of this answers file (JSONL, .gz too) "
+                    "instead of --requests")
+    ap.add_argument("--sampling", default="", help=f"answer every request once per mode of {sorted(SAMPLINGS)} "
+                    "(comma-separated; replaces --sampled-frac)")
+    ap.add_argument("--max-new", type=int, default=0, help="new tokens per answer (0: per domain, "
+                    f"{MAX_NEW_TOKENS})")
     args = ap.parse_args(argv)
+    modes = [m.strip() for m in args.sampling.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in SAMPLINGS]
+    if unknown:
+        ap.error(f"--sampling: unknown modes {unknown}; known: {sorted(SAMPLINGS)}")
     torch.set_num_threads(args.threads)
     tokenizer = AutoTokenizer.from_pretrained(str(args.target))
     eos = GenerationConfig.from_pretrained(str(args.target)).eos_token_id
     eos_ids = list(eos) if isinstance(eos, list) else [eos]
-    requests = [json.loads(line) for line in args.requests.read_text(encoding="utf-8").splitlines()]
+    if args.prompts_from:
+        requests = requests_of_answers(args.prompts_from)
+    else:
+        requests = [json.loads(line) for line in args.requests.read_text(encoding="utf-8").splitlines()]
     shard, shards = (int(x) for x in args.shard.split("/"))
     skip = done_ids(args.out)
     todo = []
     for index, req in enumerate(requests):
-        if index % shards != shard or req["id"] in skip:
+        if index % shards != shard:
             continue
-        ids = prompt_ids(tokenizer, req)
+        ids = req["prompt_ids"] if "prompt_ids" in req else prompt_ids(tokenizer, req)
         if len(ids) > MAX_PROMPT_TOKENS:
             continue
         number = int(req["id"].rsplit("-", 1)[-1])
+        max_new = args.max_new or MAX_NEW_TOKENS[req["domain"]]
+        if modes:
+            for m, mode in enumerate(modes):
+                answer_id = f"{req['id']}@{mode}"
+                if answer_id not in skip:
+                    seed = (args.seed * 1_000_003 + number) * 8 + m
+                    sampling = SamplingParams(**SAMPLINGS[mode], seed=seed)
+                    todo.append(({**req, "id": answer_id, "sampling": mode}, ids, max_new, sampling))
+            continue
+        if req["id"] in skip:
+            continue
         sampled = random.Random(f"{args.seed}/{req['id']}").random() < args.sampled_frac
         sampling = SamplingParams(**SAMPLED, seed=args.seed * 1_000_003 + number) if sampled else SamplingParams()
-        todo.append((req, ids, MAX_NEW_TOKENS[req["domain"]], sampling))
+        todo.append((req, ids, max_new, sampling))
+    if modes:  # a run stopped early has answered every domain and mode alike
+        random.Random(args.seed).shuffle(todo)
     if args.limit:
         todo = todo[:args.limit]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=len(todo), desc="answers", unit="req")
     with args.out.open("a", encoding="utf-8") as out:
         def write(req: dict, ids: list[int], answer: list[int], mode: str) -> None:
-            out.write(json.dumps({"id": req["id"], "domain": req["domain"], "kind": req["kind"], "mode": mode,
-                                  "prompt_ids": ids, "answer_ids": answer}) + "\n")
+            row = {"id": req["id"], "domain": req["domain"], "kind": req["kind"], "mode": mode,
+                   "prompt_ids": ids, "answer_ids": answer}
+            if "sampling" in req:
+                row["sampling"] = req["sampling"]
+            out.write(json.dumps(row) + "\n")
             out.flush()
 
-        answerer = ContinuousAnswerer(args.target, args.slots, SLOT_ROWS, eos_ids, getattr(torch, args.dtype))
+        answerer = ContinuousAnswerer(make_runtime(args), eos_ids)
         answerer.run(todo, write, bar.update)
     bar.close()
     print(f"answers in {args.out}", file=sys.stderr)

@@ -47,7 +47,9 @@ ASSEMBLED_MARK = "assembled_from.json"
 
 
 def _held_out(example_id: str, frac: float) -> bool:
-    return int(hashlib.sha256(example_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < frac
+    """Held out by a hash of the request id: ``<request id>@<mode>`` answers of one request fall together."""
+    request_id = example_id.split("@")[0]
+    return int(hashlib.sha256(request_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < frac
 
 
 def load_answers(paths: list[Path], valid_frac: float, max_len: int) -> tuple[list[dict], list[dict]]:

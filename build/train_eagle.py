@@ -66,6 +66,8 @@ from specdec.checkpoint import (  # noqa: E402
     load_state_dict,
 )
 from specdec.runtime.torch_llama import rms_norm, rotate_half, unit_rms  # noqa: E402
+from specdec.sampling import NUCLEUS_CANDIDATES  # noqa: E402
+from specdec_client.bench_prompts import SAMPLINGS  # noqa: E402
 from train import cpu_has_native_bf16  # noqa: E402
 from train_draft import EMBED_KEY, _held_out, batches, choose_proposal_vocab  # noqa: E402
 
@@ -79,6 +81,19 @@ FC_INITS = ("feature", "embedding", "both")
 
 
 # ----------------------------------------------------------------------------------------------------- data
+
+def sampling_of(row: dict) -> str:
+    """The decoding mode an answer was written in: ``<request id>@<mode>`` (``target_answers --sampling``),
+    else its ``mode`` (``greedy``, ``text``, or ``sampled``: t0.7, the share ``--sampled-frac`` sampled)."""
+    if "@" in row["id"]:
+        return row["id"].split("@", 1)[1]
+    return "t0.7" if row["mode"] == "sampled" else row["mode"]
+
+
+def answer_temperature(example: dict) -> float:
+    """The temperature an answer was sampled at (1.0 for greedy answers and text windows)."""
+    return float(SAMPLINGS.get(example.get("sampling", ""), {}).get("temperature") or 1.0)
+
 
 def load_features(dirs: list[Path], valid_frac: float, max_len: int,
                   aux: bool = False) -> tuple[list[dict], list[dict], dict]:
@@ -102,7 +117,7 @@ def load_features(dirs: list[Path], valid_frac: float, max_len: int,
             text = row["mode"] == "text"
             example = {"id": row["id"], "ids": row["ids"][:max_len], "start": 0 if text else row["prompt_len"],
                        "domain": row["domain"], "mode": row["mode"], "kind": row.get("kind", ""), "src": src,
-                       "offset": row["offset"]}
+                       "offset": row["offset"], "sampling": sampling_of(row)}
             if len(example["ids"]) - 2 < max(example["start"] - 2, 0) + 1:
                 continue  # no position to learn from (an answer cut off by max_len)
             (valid if _held_out(row["id"], valid_frac) else train).append(example)
@@ -125,8 +140,8 @@ def loss_rows(batch: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def collate(batch: list[dict], arrays: dict) -> dict[str, torch.Tensor]:
-    """Right-padded ``ids`` [B, T], ``feats`` [B, T, H] (fp32), where recorded ``aux`` [B, T, layers * H], and
-    the rows the losses read (``loss_rows``)."""
+    """Right-padded ``ids`` [B, T], ``feats`` [B, T, H] (fp32), where recorded ``aux`` [B, T, layers * H], the
+    rows the losses read (``loss_rows``) and each example's sampling ``temperature`` [B]."""
     width = max(len(ex["ids"]) for ex in batch)
     hidden = arrays[batch[0]["src"]].shape[1]
     ids = torch.zeros((len(batch), width), dtype=torch.long)
@@ -145,7 +160,8 @@ def collate(batch: list[dict], arrays: dict) -> dict[str, torch.Tensor]:
             aux[b, :n] = torch.from_numpy(np.asarray(arrays[(*ex["src"], "aux")][ex["offset"]:ex["offset"] + n],
                                                      dtype=np.float32).reshape(n, -1))
     rows, mask = loss_rows(batch)
-    out = {"ids": ids, "feats": feats, "rows": rows, "mask": mask}
+    out = {"ids": ids, "feats": feats, "rows": rows, "mask": mask,
+           "temperature": torch.tensor([answer_temperature(ex) for ex in batch], dtype=torch.float32)}
     if aux is not None:
         out["aux"] = aux
     return out
@@ -385,8 +401,12 @@ def _aux(batch: dict) -> dict[str, torch.Tensor]:
 
 
 def losses(model: EagleHead, batch: dict, feature_weight: float, ttt_weight: float, detach: bool,
-           bf16: bool) -> tuple[torch.Tensor, dict[str, float]]:
-    """The weighted loss of a batch and its parts (soft CE, its KL, smooth L1; 2: the unrolled step)."""
+           bf16: bool, temperatures: bool = False, tv_weight: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
+    """The weighted loss of a batch and its parts (soft CE, its KL, smooth L1, total variation; 2: the unrolled
+    step). With ``temperatures``, an answer's rows compare the distributions at the temperature it was sampled
+    at (``batch["temperature"]``; greedy answers and text at 1): what speculative sampling at that temperature
+    accepts. ``tv_weight`` adds the total variation ``1 - sum min(p, q)`` over the proposal vocabulary, the
+    rejection rate itself (DistillSpec's objective for sampled decoding)."""
     device = batch["ids"].device
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
         g, g2 = model(batch["ids"], batch["feats"], batch["rows"], ttt=ttt_weight > 0, detach=detach,
@@ -396,8 +416,12 @@ def losses(model: EagleHead, batch: dict, feature_weight: float, ttt_weight: flo
     if not mask.any():
         return torch.zeros((), device=device), parts
     want = _take(batch["feats"][:, 1:], batch["rows"])[mask]  # f_{j+1} of the loss rows
+    if temperatures and "temperature" in batch:
+        temperature = batch["temperature"].to(device)[:, None].expand_as(mask)[mask][:, None]
+    else:
+        temperature = torch.ones((want.shape[0], 1), device=device)
     with torch.no_grad():  # the target's distribution over the proposal vocabulary, in fp32
-        p_log = F.log_softmax(model.logits(want), dim=-1)
+        p_log = F.log_softmax(model.logits(want) / temperature, dim=-1)
         p = p_log.exp()
         neg_entropy = (p * p_log).sum(-1)
     steps = [("", g[mask], slice(None), 1.0)]
@@ -411,9 +435,14 @@ def losses(model: EagleHead, batch: dict, feature_weight: float, ttt_weight: flo
             continue
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             logits = model.logits(pred)
-        ce = -(p[keep] * F.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
+        q_log = F.log_softmax(logits.float() / temperature[keep], dim=-1)
+        ce = -(p[keep] * q_log).sum(-1).mean()
         reg = F.smooth_l1_loss(pred.float(), want[keep])
         total = total + weight * (ce + feature_weight * reg)
+        if tv_weight:
+            tv = 0.5 * (p[keep] - q_log.exp()).abs().sum(-1).mean()
+            total = total + weight * tv_weight * tv
+            parts[f"tv{name}"] = round(tv.item(), 4)
         parts[f"ce{name}"] = round(ce.item(), 4)
         parts[f"kl{name}"] = round(ce.item() + neg_entropy[keep].mean().item(), 4)
         parts[f"l1{name}"] = round(reg.item(), 4)
@@ -466,6 +495,65 @@ def agreement(model: EagleHead, examples: list[dict], arrays: dict, tokens_per_b
     return one, two
 
 
+def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """Rows of ``specdec.sampling.probabilities`` in torch (fp32): temperature, then the nucleus (the tokens
+    up to and including the one whose cumulative mass reaches ``top_p``), renormalized."""
+    probs = F.softmax(logits.float() / temperature, dim=-1)
+    if top_p >= 1.0:
+        return probs
+    width = min(NUCLEUS_CANDIDATES, probs.shape[-1])
+    ranked, where = probs.topk(width, dim=-1)
+    if not bool(((ranked.cumsum(-1) - ranked) >= top_p).any(-1).all()):  # a row whose nucleus is wider
+        ranked, where = probs.sort(dim=-1, descending=True)
+    ranked = ranked.masked_fill((ranked.cumsum(-1) - ranked) >= top_p, 0.0)
+    kept = torch.zeros_like(probs).scatter_(-1, where, ranked)
+    return kept / kept.sum(-1, keepdim=True)
+
+
+@torch.no_grad()
+def overlap(model: EagleHead, examples: list[dict], arrays: dict, tokens_per_batch: int,
+            collate_fn=collate, rows_per_chunk: int = 512) -> tuple[dict[str, float], dict[str, float]]:
+    """Per ``<domain> <mode>``, the mean over the answers' rows of ``sum min(p, q)``: p the target's sampling
+    distribution (its whole vocabulary) and q the head's (its proposal vocabulary), both at the temperature and
+    top_p the answer was sampled with: the chance that speculative sampling accepts a drafted token at that
+    row (step 1; step 2: the unrolled step's). Sampled answers only (``target_answers --sampling``)."""
+    model.eval()
+    sums: dict[str, list[float]] = {}
+    embed = model.embed.float()  # stored in bf16; the proposal rows as the head's logits read them
+    embed[model.proposal] = model.head.float()
+    pending = sorted((ex for ex in examples if SAMPLINGS.get(ex.get("sampling", ""), {}).get("temperature")),
+                     key=lambda e: len(e["ids"]))
+    group, width = [], 0
+    for i, ex in enumerate(pending):
+        group.append(ex)
+        width = max(width, len(ex["ids"]))
+        if i + 1 < len(pending) and width * (len(group) + 1) <= tokens_per_batch:
+            continue
+        batch = collate_fn(group, arrays)
+        g, g2 = model(batch["ids"], batch["feats"], batch["rows"], ttt=True, **_aux(batch))
+        target = _take(batch["feats"][:, 1:], batch["rows"])
+        for b, e in enumerate(group):
+            mode = SAMPLINGS[e["sampling"]]
+            t, top_p = float(mode["temperature"]), float(mode.get("top_p", 1.0))
+            mask = batch["mask"][b]
+            s = sums.setdefault(f"{e['domain']} {e['sampling']}", [0.0, 0, 0.0, 0])
+            for step, (pred, rows) in enumerate([(g[b][mask], target[b][mask]),
+                                                  (g2[b][mask[1:]] if g2 is not None else None,
+                                                   target[b][1:][mask[1:]])]):
+                if pred is None:
+                    continue
+                for at in range(0, pred.shape[0], rows_per_chunk):
+                    p = sampling_probs(rows[at:at + rows_per_chunk] @ embed.T, t, top_p)[:, model.proposal]
+                    q = sampling_probs(model.logits(pred[at:at + rows_per_chunk]), t, top_p)
+                    s[2 * step] += float(torch.minimum(p, q).sum())
+                    s[2 * step + 1] += p.shape[0]
+        group, width = [], 0
+    model.train()
+    one = {k: round(s[0] / max(s[1], 1), 4) for k, s in sorted(sums.items())}
+    two = {k: round(s[2] / max(s[3], 1), 4) for k, s in sorted(sums.items())}
+    return one, two
+
+
 def save_head(model: EagleHead, proposal_ids: list[int], out: Path, scores: dict | None = None) -> None:
     """The installable folder: config.json, eagle_layers.safetensors, proposal_vocab.json[, agreement.json]."""
     from safetensors.torch import save_file
@@ -513,6 +601,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--feature-weight", type=float, default=0.5, help="weight of the smooth L1 feature loss")
     ap.add_argument("--ttt-weight", type=float, default=1.0, help="weight of the unrolled step (0: off)")
     ap.add_argument("--ttt-detach", action="store_true", help="no gradient through the unrolled step's feature")
+    ap.add_argument("--answer-temperatures", action="store_true", help="compare a sampled answer's rows at the "
+                    "temperature it was sampled at (greedy answers and text at 1)")
+    ap.add_argument("--tv-weight", type=float, default=0.0, help="weight of the total variation 1 - sum min(p, q)")
+    ap.add_argument("--select", choices=("agreement", "overlap", "both"), default="agreement",
+                    help="the best head: held-out step-1 agreement (greedy), sum min(p, q) on held-out sampled "
+                    "answers, or the mean of both")
     ap.add_argument("--aux", action="store_true", help="EAGLE-3 fusion: also read the aux layers the features "
                     "were recorded with (build/eagle_features.py --aux-layers)")
     ap.add_argument("--steps", type=int, default=2000)
@@ -577,19 +671,32 @@ def main(argv: list[str] | None = None) -> dict:
     # Greedy answers and text windows: what the target's argmax is on, hence alpha for greedy speculation.
     scored = [ex for ex in valid if ex["mode"] in ("greedy", "text")]
     eval_set = scored[:args.eval_examples] if args.eval_examples else scored
+    sampled = [ex for ex in valid if SAMPLINGS.get(ex["sampling"], {}).get("temperature")]
+    sampled_set = sampled[:args.eval_examples] if args.eval_examples else sampled
     held = torch.as_tensor([t for ex in valid for t in ex["ids"][max(ex["start"], 2):]], dtype=torch.long)
     covered = float(torch.isin(held, model.proposal).float().mean()) if held.numel() else 0.0
     print(f"train {len(train)} examples ({sum(len(e['ids']) for e in train):,} tokens), valid {len(valid)} "
-          f"({len(eval_set)} evaluated); proposal vocabulary {len(proposal)} covers {covered:.4f} of held-out "
-          f"answer tokens; bf16 {bf16}", file=sys.stderr)
+          f"({len(eval_set)} greedy and {len(sampled_set)} sampled evaluated); proposal vocabulary "
+          f"{len(proposal)} covers {covered:.4f} of held-out answer tokens; bf16 {bf16}", file=sys.stderr)
     cache: dict = {}
     record: dict = {}
-    if step == 0:
+
+    def evaluate(at: int) -> tuple[dict, float]:
+        """Held-out scores (``agreement``: greedy; ``overlap``: sum min(p, q) on sampled answers) and the
+        figure ``--select`` keeps the best head by."""
         one, two = agreement(model, eval_set, arrays, args.tokens_per_batch, cache)
-        record = {"step": 0, "agreement": one, "agreement_step2": two}
-        print(f"step 0 agreement {one} step 2 {two}", file=sys.stderr)
-        best = _mean_step1(one)  # the start (e.g. a trained draft, --init-from) is a candidate too
-        save_head(model, proposal, args.out / "best", {"step": 0, **one, "step2": two})
+        scores = {"agreement": one, "agreement_step2": two}
+        if sampled_set:
+            scores["overlap"], scores["overlap_step2"] = overlap(model, sampled_set, arrays, args.tokens_per_batch)
+        print(f"step {at} {json.dumps(scores)}", file=sys.stderr)
+        figures = {"agreement": [_mean_step1(one)], "overlap": [_mean_step1(scores.get("overlap", {}))]}
+        figures["both"] = figures["agreement"] + figures["overlap"]
+        return scores, float(np.mean(figures[args.select]))
+
+    if step == 0:
+        scores, best = evaluate(0)  # the start (e.g. a trained draft, --init-from) is a candidate too
+        record = {"step": 0, **scores}
+        save_head(model, proposal, args.out / "best", {"step": 0, **scores})
 
     def lr_at(s: int) -> float:
         if s < args.warmup:
@@ -607,7 +714,8 @@ def main(argv: list[str] | None = None) -> dict:
             batch = collate(next(stream), arrays)
             for group in opt.param_groups:
                 group["lr"] = lr_at(step)
-            loss, parts = losses(model, batch, args.feature_weight, args.ttt_weight, args.ttt_detach, bf16)
+            loss, parts = losses(model, batch, args.feature_weight, args.ttt_weight, args.ttt_detach, bf16,
+                                 args.answer_temperatures, args.tv_weight)
             opt.zero_grad(set_to_none=True)
             if loss.requires_grad:  # else a batch without a loss row
                 loss.backward()
@@ -619,12 +727,11 @@ def main(argv: list[str] | None = None) -> dict:
             record = {"step": step, "loss": round(loss.item(), 4), **parts, "lr": lr_at(step - 1),
                       "elapsed_s": round(time.monotonic() - started, 1)}
             if step % args.eval_every == 0 or step == args.steps:
-                one, two = agreement(model, eval_set, arrays, args.tokens_per_batch, cache)
-                record.update(agreement=one, agreement_step2=two)
-                print(f"step {step} loss {loss.item():.3f} agreement {one} step 2 {two}", file=sys.stderr)
-                if _mean_step1(one) > best:  # held-out step-1 agreement, all domains alike: the head to install
-                    best = _mean_step1(one)
-                    save_head(model, proposal, args.out / "best", {"step": step, **one, "step2": two})
+                scores, figure = evaluate(step)
+                record.update(scores)
+                if figure > best:  # the held-out figure --select names, all domains alike: the head to install
+                    best = figure
+                    save_head(model, proposal, args.out / "best", {"step": step, **scores})
             log.write(json.dumps(record) + "\n")
             log.flush()
             if step % args.ckpt_every == 0 or step == args.steps:

@@ -172,7 +172,7 @@ def test_a_budgeted_run_trains_and_writes_the_installable_head(tiny, tmp_path) -
     torch.manual_seed(0)
     head = train_eagle.EagleHead(tiny["target"], list(range(VOCAB)), 1, "feature", 0.02, seed=3, aux_layers=AUX)
     args = argparse.Namespace(lr=1e-3, warmup=2, min_lr_frac=0.1, probe_steps=2, evals=2, tokens_per_batch=256,
-                              seed=5, feature_weight=0.5, ttt_weight=1.0)
+                              seed=5, feature_weight=0.5, ttt_weight=1.0, answer_temperatures=True, tv_weight=0.5)
     logged = []
     result = gpu.train(head, [e for e in examples if not e["held_out"]],
                        [e for e in examples if e["held_out"] and e["mode"] == "greedy"], store, args,

@@ -10,6 +10,7 @@ import random
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -217,6 +218,14 @@ def test_a_few_steps_lower_the_loss(tiny) -> None:
     assert last["l1"] < first["l1"]
 
 
+def _oracle(shift: int):
+    """A head's forward that predicts the feature ``shift`` rows on (1: the target's own next feature)."""
+    def forward(ids, feats, rows, ttt=True, detach=False):
+        g = train_eagle._take(feats[:, shift:], rows)
+        return g, g[:, 1:]
+    return forward
+
+
 def test_agreement_scores_the_targets_argmax(tiny, monkeypatch) -> None:
     """A head whose g is exactly f_{j+1} agrees everywhere (full proposal vocabulary), one that predicts f_j
     (the feature it was fed) agrees only where the target repeats its argmax."""
@@ -224,18 +233,65 @@ def test_agreement_scores_the_targets_argmax(tiny, monkeypatch) -> None:
     train, _, arrays = train_eagle.load_features([tiny["features"]], 0.0, 768)
     examples = [ex for ex in train if ex["mode"] == "greedy"][:10]
 
-    def oracle(shift):
-        def forward(ids, feats, rows, ttt=True, detach=False):
-            g = train_eagle._take(feats[:, shift:], rows)
-            return g, g[:, 1:]
-        return forward
-
-    monkeypatch.setattr(head, "forward", oracle(1))
+    monkeypatch.setattr(head, "forward", _oracle(1))
     one, two = train_eagle.agreement(head, examples, arrays, 256, {})
     assert set(one.values()) == {1.0} and set(two.values()) == {1.0}
-    monkeypatch.setattr(head, "forward", oracle(0))
+    monkeypatch.setattr(head, "forward", _oracle(0))
     one, _ = train_eagle.agreement(head, examples, arrays, 256, {})
     assert max(one.values()) < 0.5
+
+
+def test_sampling_probs_are_the_servers() -> None:
+    from specdec.sampling import SamplingParams, probabilities
+
+    logits = torch.randn(6, VOCAB, generator=torch.Generator().manual_seed(1)) * 3
+    for temperature, top_p in ((0.7, 0.95), (1.0, 1.0), (0.5, 0.3)):
+        want = probabilities(logits.double().numpy(), SamplingParams(temperature=temperature, top_p=top_p))
+        got = train_eagle.sampling_probs(logits, temperature, top_p)
+        torch.testing.assert_close(got.double(), torch.from_numpy(want), atol=1e-6, rtol=1e-5)
+
+
+def test_overlap_is_the_acceptance_of_speculative_sampling(tiny, monkeypatch) -> None:
+    """sum min(p, q) on sampled answers at their temperature: 1 for a head that predicts the target's own next
+    feature (the whole vocabulary proposed), less for one that repeats the feature it read; and it is the rate at
+    which speculative sampling's verification accepts a token drawn from q (counted over draws)."""
+    from specdec.rejection_sampler import rejection_verify
+
+    head = _head(tiny)
+    train, _, arrays = train_eagle.load_features([tiny["features"]], 0.0, 768)
+    examples = [ex for ex in train if ex["sampling"] == "t0.7"]
+    assert examples and all(ex["mode"] == "sampled" for ex in examples)
+    monkeypatch.setattr(head, "forward", _oracle(1))
+    one, two = train_eagle.overlap(head, examples, arrays, 256)
+    assert set(one) == {f"{ex['domain']} t0.7" for ex in examples} and set(two) == set(one)
+    assert all(v == pytest.approx(1.0, abs=1e-4) for v in [*one.values(), *two.values()]), (one, two)
+    monkeypatch.setattr(head, "forward", _oracle(0))
+    behind, _ = train_eagle.overlap(head, examples, arrays, 256)
+    assert all(0.0 < v < 0.9 for v in behind.values())
+
+    batch = train_eagle.collate(examples[:1], arrays)
+    feats = batch["feats"][0]
+    p = train_eagle.sampling_probs(feats[5] @ head.embed.float().T, 0.7, 0.95).double().numpy()
+    q = train_eagle.sampling_probs(feats[4] @ head.embed.float().T, 0.7, 0.95).double().numpy()
+    rng = np.random.default_rng(0)
+    draws = 4000
+    accepted = sum(rejection_verify([int(rng.choice(VOCAB, p=q / q.sum()))], [-1], np.stack([p, p]),
+                                    q[None], rng).accepted for _ in range(draws))
+    assert accepted / draws == pytest.approx(float(np.minimum(p, q).sum()), abs=0.03)
+
+
+def test_losses_compare_sampled_answers_at_their_temperature(tiny, monkeypatch) -> None:
+    head = _head(tiny)
+    train, _, arrays = train_eagle.load_features([tiny["features"]], 0.0, 768)
+    batch = train_eagle.collate([ex for ex in train if ex["sampling"] == "t0.7"][:4], arrays)
+    assert batch["temperature"].tolist() == pytest.approx([0.7] * 4)
+    _, at_one = train_eagle.losses(head, batch, 0.5, 1.0, False, False)
+    loss, at_answer = train_eagle.losses(head, batch, 0.5, 1.0, False, False, temperatures=True, tv_weight=1.0)
+    assert at_answer["ce"] != at_one["ce"] and 0.0 < at_answer["tv"] < 1.0 and "tv" not in at_one
+    loss.backward()  # the total variation is differentiable where p != q
+    monkeypatch.setattr(head, "forward", _oracle(1))
+    _, exact = train_eagle.losses(head, batch, 0.5, 1.0, False, False, temperatures=True, tv_weight=1.0)
+    assert exact["tv"] == pytest.approx(0.0, abs=1e-4) and exact["kl"] == pytest.approx(0.0, abs=1e-4)
 
 
 def _train_args(tiny, out: Path, steps: int) -> list[str]:
@@ -278,7 +334,8 @@ def test_training_writes_the_installable_head_and_resumes(tiny, tmp_path) -> Non
     vocab = json.loads((best / "proposal_vocab.json").read_text())["token_ids"]
     assert len(vocab) == 200 and {1, 2} <= set(vocab) and vocab == sorted(vocab)
     agreement = json.loads((best / "agreement.json").read_text())
-    assert agreement["step"] in (0, 2, 4) and set(agreement["step2"]) == {"code", "json", "prose"}
+    assert agreement["step"] in (0, 2, 4) and set(agreement["agreement_step2"]) == {"code", "json", "prose"}
+    assert agreement["overlap"] and all(k.endswith(" t0.7") and 0 < v < 1 for k, v in agreement["overlap"].items())
 
     # Resume to 6 steps: the same weights as one uninterrupted 6-step run.
     train_eagle.main(_train_args(tiny, out, 6) + ["--resume"])
