@@ -34,13 +34,16 @@ OPTIONS: dict[str, dict[str, Any]] = {
 }
 
 
-def measure(url: str, per_domain: int, max_tokens: int) -> dict[str, tuple[int, float, int]]:
-    """Per option: (output tokens, seconds, verifications) over the requests."""
+def measure(url: str, per_domain: int, max_tokens: int,
+            names: list[str] | None = None) -> dict[str, tuple[int, float, int]]:
+    """Per option (`names`: these, "none" first; None: all): (output tokens, seconds, verifications) over the
+    requests."""
     scenarios = json.loads(CHAT_PROMPTS_FILE.read_text())["scenarios"]
     requests = [(s["task"], p["prompt"]) for s in scenarios.values() for p in s["prompts"][:per_domain]]
-    totals = {name: (0, 0.0, 0) for name in OPTIONS}
+    chosen = {name: OPTIONS[name] for name in ["none", *(n for n in (names or OPTIONS) if n != "none")]}
+    totals = {name: (0, 0.0, 0) for name in chosen}
     for task, prompt in requests:
-        for name, extra in OPTIONS.items():
+        for name, extra in chosen.items():
             result = generate_grpc(url, {"text_input": prompt, "max_tokens": max_tokens, "task": task,
                                          "exclude_input_in_output": True, **extra})
             tokens, seconds, passes = totals[name]
@@ -56,13 +59,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-repository", type=Path, default=DEFAULT_MODEL_REPOSITORY)
     parser.add_argument("--per-domain", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--options", help=f"comma-separated option names (default: all of {list(OPTIONS)}); the "
+                        "requests without options always run beside them")
     args = parser.parse_args(argv)
     if not args.url and not args.start_server:
         parser.error("give --url or --start-server")
+    names = [n.strip() for n in args.options.split(",")] if args.options else None
+    unknown = [n for n in names or [] if n not in OPTIONS]
+    if unknown:
+        parser.error(f"--options: unknown {unknown}; known: {list(OPTIONS)}")
     log = Path(tempfile.gettempdir()) / "option_cost_server.log"
     server = start_on_free_ports(args.model_repository, log) if args.start_server else None
     try:
-        totals = measure(server.grpc_url if server else args.url, args.per_domain, args.max_tokens)
+        totals = measure(server.grpc_url if server else args.url, args.per_domain, args.max_tokens, names)
     finally:
         if server is not None:
             server.stop()
