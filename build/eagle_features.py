@@ -4,8 +4,9 @@ The feature of position t is the target's final-normed hidden state f_t, the vec
 (``logits_t = f_t @ E^T``). One teacher-forced, batched fp32 forward of the target per group of
 similar-length examples records f_t at every position of:
 
-* the target's answers (``build/target_answers.py``: ``{"id", "domain", "kind", "mode", "prompt_ids",
-  "answer_ids"}``), prompt and answer, greedy and sampled alike (the head's soft labels come from f itself);
+* the target's answers (``build/target_answers.py``, JSONL or gzipped: ``{"id", "domain", "kind", "mode",
+  "prompt_ids", "answer_ids"}``), prompt and answer, greedy and sampled alike (the head's soft labels come from
+  f itself);
 * optionally, windows of real training text (``--text-per-domain``), cut as ``build/target_labels.py`` cuts them.
 
 With ``--aux-layers`` (EAGLE-3's multi-layer fusion), the outputs of those decoder layers (the residual stream
@@ -28,6 +29,7 @@ was cut short and is recorded again: a stopped run resumes on the ids not yet in
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import random
@@ -65,7 +67,8 @@ def load_examples(answers: list[Path], max_len: int) -> list[dict]:
     """Answer rows as ``{"id", "domain", "kind", "mode", "ids", "prompt_len"}``, the first row of each id."""
     examples, seen = [], set()
     for path in answers:
-        for line in path.read_text(encoding="utf-8").splitlines():
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        for line in raw.decode("utf-8").splitlines():
             try:
                 row = json.loads(line)
             except ValueError:  # a line cut short by a stop
