@@ -18,7 +18,6 @@ import numpy as np
 
 from specdec.errors import InvalidRequestError, SpecDecError
 from specdec.kv_cache import SlotEntry, SlotTable
-from specdec.logits_processing import LogitsOptions
 from specdec.runtime.base import DecoderRuntime, ForwardItem, ForwardOutput, expand_to_vocab
 from specdec.sampling import SamplingParams, make_rng, probabilities, sample, sample_rows
 
@@ -70,19 +69,6 @@ class StepRequest:
     # Draft: > 0 grows a dynamic tree (EAGLE-2) of at most this many nodes instead of `num_candidates` chains:
     # `num_candidates` nodes expanded per level, `num_draft_tokens` levels deep (greedy drafting only).
     tree_nodes: int = 0
-    # Draft: the request's penalties (LogitsOptions.penalties), applied to every row the drafter chooses from,
-    # with `context` (the sequence's tokens before the proposal; its first `prompt_length` the prompt) and the
-    # drafted tokens on the row's path, so the drafter proposes what the penalized target would choose.
-    penalties: LogitsOptions | None = None
-    context: np.ndarray | None = None
-    prompt_length: int = 0
-
-    def penalized(self, rows: np.ndarray, paths: list[list[int]], columns: np.ndarray | None) -> np.ndarray:
-        """`rows` (scoring the tokens after `context` + each path; `columns`: their token ids, None: the
-        vocabulary) under the penalties; unchanged without them."""
-        if self.penalties is None or not self.penalties.active or self.context is None:
-            return rows
-        return self.penalties.apply(rows, self.context, self.prompt_length, paths, columns)
 
 
 @dataclass
@@ -243,16 +229,8 @@ class _Growth:
             return False
         return bool(probabilities(logits[-1], DRAFTER_BELIEF)[0, new[0]] < threshold)
 
-    def paths(self, rows: int) -> list[list[int]]:
-        """The drafted tokens each of the newest `rows` logits rows continues: none on the first level, else
-        each chain's own tokens (depth-major: chain j holds tokens j, j + width, ...)."""
-        if not self.tokens:
-            return [[]] * rows
-        return [self.tokens[j::self.width] for j in range(self.width)][-rows:]
-
     def choose(self, logits: np.ndarray, count: int) -> list[int]:
-        """Next tokens from logits rows (already penalized: `StepRequest.penalized`): the top `count` of one
-        row, or one per row (greedy or sampled)."""
+        """Next tokens from logits rows: the top `count` of one row, or one per row (greedy or sampled)."""
         sampling = self.request.sampling
         if count > 1:  # the first level of a tree: distinct top tokens, or independent draws from q
             row = logits[-1]
@@ -309,8 +287,7 @@ class _DynamicTree:
     def advance(self, output: ForwardOutput, drafted_features) -> ForwardItem | None:
         """Score the children of the nodes the forward just read; the next forward, or None when done."""
         parents = self.frontier or [-1]
-        rows = self.request.penalized(output.logits[-len(parents):].astype(np.float64),
-                                      [self._path(parent) for parent in parents], self.columns)
+        rows = output.logits[-len(parents):].astype(np.float64)
         log_probs = rows - rows.max(axis=-1, keepdims=True)
         log_probs -= np.log(np.exp(log_probs).sum(axis=-1, keepdims=True))
         hidden = drafted_features(output.hidden[-len(parents):]) if output.hidden is not None else None
@@ -344,14 +321,6 @@ class _DynamicTree:
                            num_logits=len(self.frontier), tree_parents=np.array(tree_parents),
                            num_cached_nodes=cached, num_hidden=0 if features is None else len(self.frontier),
                            features=features)
-
-    def _path(self, node: int) -> list[int]:
-        """The tokens from the root to `node`, inclusive (none for the root, -1)."""
-        path: list[int] = []
-        while node >= 0:
-            path.append(self.nodes[node].token)
-            node = self.nodes[node].parent
-        return path[::-1]
 
     @property
     def _least_score(self) -> float:
@@ -452,10 +421,8 @@ class DraftEngine(_Engine):
             next_growing, next_items = [], []
             for growth, item, output in zip(growing, items, outputs, strict=True):
                 logits = output.logits
-                if isinstance(growth, _Growth):
-                    if growth.columns is None:
-                        logits = expand_to_vocab(logits, self.runtime.logit_ids, self.runtime.vocab_size)
-                    logits = growth.request.penalized(logits, growth.paths(len(logits)), growth.columns)
+                if isinstance(growth, _Growth) and growth.columns is None:
+                    logits = expand_to_vocab(logits, self.runtime.logit_ids, self.runtime.vocab_size)
                 growth.entry.written_length = item.end_row
                 if isinstance(growth, _DynamicTree):
                     follow = growth.advance(output, self._drafted_features)

@@ -237,8 +237,6 @@ class _Run:
         # Penalties, a logit bias or bad words reshape the target's logits row by row (specdec.logits_processing):
         # every token is then chosen here from the processed rows.
         self.logits_options = request.logits_options
-        # What a model drafter applies to its rows: the request's penalties (None: it has none).
-        self.draft_penalties = request.logits_options.penalties if request.logits_options.penalties.active else None
         self.grammar = request.grammar
         # Tokens are chosen here from processed rows (not by the target's own argmax or draw) when options or a
         # grammar reshape them.
@@ -545,14 +543,11 @@ class _Run:
             if tree is not None:
                 proposal = await self.eagle.propose(self.tokens, k, tree.width, draft_sampling, want_probs=False,
                                                     min_confidence=tree.min_probability,
-                                                    tree_nodes=min(tree.nodes, self._length_cap()),
-                                                    penalties=self.draft_penalties, prompt_length=self.prompt_len)
+                                                    tree_nodes=min(tree.nodes, self._length_cap()))
             else:
                 proposal = await self.model_drafter.propose(self.tokens, k, self.settings.num_candidates,
                                                             draft_sampling, want_probs=lossless_sampling,
-                                                            min_confidence=self.settings.min_confidence,
-                                                            penalties=self.draft_penalties,
-                                                            prompt_length=self.prompt_len)
+                                                            min_confidence=self.settings.min_confidence)
         except Exception as exc:  # a failing draft degrades to plain decoding, never to an error
             log.warning("%s failed (%s); sequence %d continues without speculation", self._drafter_model, exc,
                         self.sequence_id)

@@ -102,12 +102,6 @@ class BlsModelBackend:
             inputs.append(value_tensor("min_confidence", step.min_confidence, np.float32))
         if step.tree_nodes:
             inputs.append(value_tensor("tree_nodes", step.tree_nodes, np.int32))
-        if step.penalties is not None and step.penalties.active and step.context is not None:
-            inputs += [value_tensor("repetition_penalty", step.penalties.repetition_penalty, np.float32),
-                       value_tensor("presence_penalty", step.penalties.presence_penalty, np.float32),
-                       value_tensor("frequency_penalty", step.penalties.frequency_penalty, np.float32),
-                       ids_tensor("context_ids", step.context),
-                       value_tensor("prompt_length", step.prompt_length, np.int32)]
         sampling = step.sampling
         if not sampling.greedy:
             inputs += [value_tensor("temperature", sampling.temperature, np.float32),

@@ -136,13 +136,6 @@ DRAFT_INPUTS = (
     # > 0: a dynamic tree of at most this many nodes instead of num_candidates chains (its parents come back
     # as draft_parents).
     TensorSpec("tree_nodes", "INT32", optional=True),
-    # The request's penalties, applied to the drafter's rows with the sequence's tokens (context_ids, the first
-    # prompt_length of them the prompt) and each row's drafted path (specdec.engines.StepRequest.penalized).
-    TensorSpec("repetition_penalty", "FP32", optional=True),
-    TensorSpec("presence_penalty", "FP32", optional=True),
-    TensorSpec("frequency_penalty", "FP32", optional=True),
-    TensorSpec("context_ids", "INT32", (-1,), optional=True, ragged=True),
-    TensorSpec("prompt_length", "INT32", optional=True),
 )
 # eagle_draft: the feature of every input token, [len(input_ids), feature_size] flattened (ragged like input_ids).
 EAGLE_INPUTS = (*DRAFT_INPUTS, TensorSpec("features", "FP32", (-1,), optional=True, ragged=True))

@@ -15,7 +15,6 @@ import triton_python_backend_utils as pb_utils
 from specdec.engines import DraftEngine, StepRequest, StepResult, TargetEngine
 from specdec.errors import InvalidRequestError
 from specdec.kv_memory import KVPoolConfig
-from specdec.logits_processing import LogitsOptions
 from specdec.metrics import KV_BLOCKS_IN_USE, KV_BYTES_IN_USE, KV_SLOTS_IN_USE, BatchCounter, ProcessMetrics
 from specdec.packing import PackedSteps, pack_results, unpack_steps
 from specdec.runtime import build_served_runtime
@@ -48,12 +47,6 @@ def read_step(request: Any) -> StepRequest:
         if len(input_ids) == 0 or flat.size % len(input_ids):
             raise InvalidRequestError("features", f"{flat.size} values do not split over {len(input_ids)} tokens")
         features = flat.reshape(len(input_ids), -1)
-    context = ids("context_ids")
-    penalties = None
-    if context is not None:
-        penalties = LogitsOptions(float(scalar(request, "repetition_penalty", 1.0)),
-                                  float(scalar(request, "presence_penalty", 0.0)),
-                                  float(scalar(request, "frequency_penalty", 0.0)))
     return StepRequest(
         sequence_id=int(scalar(request, c.CONTROL_CORRID)),
         past_length=int(scalar(request, "past_length", 0)),
@@ -73,9 +66,6 @@ def read_step(request: Any) -> StepRequest:
         want_logits="logits" in request.requested_output_names(),
         num_hidden=int(scalar(request, "num_hidden", 0)),
         features=features,
-        penalties=penalties,
-        context=context,
-        prompt_length=int(scalar(request, "prompt_length", 0)),
     )
 
 

@@ -15,7 +15,6 @@ from specdec.engines import DraftEngine, StepRequest
 from specdec.errors import InvalidRequestError
 from specdec.generation import GenerationRequest, GenerationStats, SpeculativeGenerator
 from specdec.inprocess import InProcessBackend
-from specdec.logits_processing import LogitsOptions
 from specdec.runtime.torch_llama import TorchLlamaRuntime
 from specdec.sampling import SamplingParams
 from test_eagle import MAX_LENGTH, PROMPT, backend
@@ -75,33 +74,6 @@ def test_a_width_one_tree_is_the_chain(tiny_eagle):
                                      features=features(engine, len(PROMPT)))])[0]
     tree = draft_tree(tiny_eagle, 5, 1, 5)
     assert tree.token_ids.tolist() == chain.token_ids.tolist() and tree.parents.tolist() == [-1, 0, 1, 2, 3]
-
-
-def test_penalties_shape_the_heads_chain_and_tree(tiny_eagle):
-    """Under a request's penalties the head chooses from its penalized rows, each with its own path: a chain's
-    first row is the unpenalized one penalized, every token is its row's argmax, a frequency penalty too large
-    to pay keeps it from repeating a token it drafted, and a dynamic tree's nodes are chosen the same way."""
-    options = LogitsOptions(repetition_penalty=1.5, frequency_penalty=1000.0)
-    shaping = {"penalties": options, "context": np.asarray(PROMPT), "prompt_length": len(PROMPT)}
-
-    def draft(**extra):
-        engine = head_engine(tiny_eagle)
-        result = engine.step([StepRequest(1, input_ids=np.asarray(PROMPT), start=True,
-                                          features=features(engine, len(PROMPT)), **extra)])[0]
-        assert result.error is None
-        return result
-
-    plain = draft(num_draft_tokens=8, want_logits=True)
-    shaped = draft(num_draft_tokens=8, want_logits=True, **shaping)
-    np.testing.assert_array_equal(shaped.logits[0], options.apply(plain.logits[:1], PROMPT, len(PROMPT), [[]])[0])
-    assert shaped.token_ids.tolist() == [int(row.argmax()) for row in shaped.logits]
-    assert len(set(shaped.token_ids.tolist())) == 8
-    assert not np.array_equal(shaped.logits[0], plain.logits[0])  # the prompt's tokens were penalized
-    tree = draft(num_draft_tokens=8, num_candidates=1, tree_nodes=8, **shaping)
-    assert tree.token_ids.tolist() == shaped.token_ids.tolist()
-    roots = draft(num_draft_tokens=2, num_candidates=3, tree_nodes=9, **shaping)
-    ranked = np.argsort(-shaped.logits[0], kind="stable")[:3].tolist()
-    assert [int(t) for t, p in zip(roots.token_ids, roots.parents, strict=True) if p < 0] == ranked
 
 
 def paths(result) -> set[tuple[int, ...]]:

@@ -68,18 +68,6 @@ def test_bad_words_are_never_completed_across_context_and_path():
     assert np.isneginf(out[0, 6])
 
 
-def test_rows_over_some_columns_are_processed_as_those_columns_of_full_rows():
-    """A drafter's rows score its proposal vocabulary only: `columns` names each column's token."""
-    options = LogitsOptions(repetition_penalty=1.7, presence_penalty=0.4, frequency_penalty=0.3,
-                            logit_bias=((3, -2.0), (8, 1.0)), bad_words=((8,), (4, 6)))
-    full = np.random.default_rng(0).normal(size=(3, VOCAB)) * 3
-    columns = np.array([11, 2, 3, 6, 9])
-    paths = [[], [6], [6, 11]]
-    want = options.apply(full, [1, 4, 2, 9], 2, paths)[:, columns]
-    got = options.apply(full[:, columns], [1, 4, 2, 9], 2, paths, columns)
-    np.testing.assert_array_equal(got, want)
-
-
 # ---- through the generator: greedy speculation with the options equals greedy plain decoding with them ----
 
 OPTIONS = {
@@ -136,30 +124,6 @@ def test_greedy_speculation_with_options_equals_plain_decoding_with_them(backend
             assert 17 not in plain and 42 not in plain
             assert all(plain[i:i + 2] != [66, 3] for i in range(len(plain) - 1))
     assert accepted > 0, "no draft token was accepted: the paths were never exercised"
-
-
-@pytest.fixture(scope="module")
-def self_drafting(make_inprocess_backend):
-    """The 12M target as its own draft model: a drafter whose distribution is the target's."""
-    return make_inprocess_backend((PAIR_12M / "target", PAIR_12M / "target"), max_length=160)
-
-
-@pytest.mark.parametrize("candidates", [1, 3], ids=["chain", "tree"])
-@pytest.mark.parametrize("name", ["repetition", "presence+frequency"])
-def test_a_model_drafter_proposes_under_the_requests_penalties(self_drafting, prompts, name, candidates):
-    """A drafter penalizes its own rows as the target does (with the context and each row's drafted path), so
-    the target drafting for itself has every chain accepted under penalties that change its answers; the
-    output still equals plain decoding with them."""
-    options = OPTIONS[name]
-    for prompt in prompts:
-        stats = GenerationStats()
-        spec = generate(self_drafting, GenerationRequest(
-            prompt, 30, logits_options=options,
-            settings=SpeculationSettings("text", "model", 4, 4, candidates, "greedy", 0.7)), stats)
-        assert spec == generate(self_drafting, GenerationRequest(prompt, 30, logits_options=options))
-        assert stats.verification_passes > 0
-        # One chain of each proposal is the target's own path: all of it accepted.
-        assert stats.accepted_draft_tokens == stats.draft_tokens > 0, (name, prompt, stats)
 
 
 def test_stop_texts_end_the_output_at_the_token_that_completes_one(backend, prompts):

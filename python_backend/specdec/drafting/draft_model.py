@@ -6,7 +6,6 @@ import numpy as np
 
 from specdec.drafting.base import Proposal
 from specdec.engines import StepRequest, tree_draft_parents
-from specdec.logits_processing import LogitsOptions
 from specdec.sampling import SamplingParams, probabilities
 
 
@@ -27,17 +26,15 @@ class DraftModelDrafter:
         self._chain_depth = 0
 
     async def propose(self, tokens: list[int], k: int, candidates: int, sampling: SamplingParams,
-                      want_probs: bool, min_confidence: float = 0.0, penalties: LogitsOptions | None = None,
-                      prompt_length: int = 0) -> Proposal:
+                      want_probs: bool, min_confidence: float = 0.0) -> Proposal:
         start = not self.started
         self.started = True  # END at release even if this call fails: a failed START can still hold a KV slot
-        shaping = (penalties, prompt_length)
-        result = await self._draft(tokens, start, k, candidates, sampling, want_probs, min_confidence, *shaping)
+        result = await self._draft(tokens, start, k, candidates, sampling, want_probs, min_confidence)
         if result.error is not None and not start and slot_lost(str(result.error)):
             # The draft slot expired while this sequence decoded plainly (fallback longer than the idle
             # timeout): start it again with the whole context instead of giving up on speculation.
             self.valid = 0
-            result = await self._draft(tokens, True, k, candidates, sampling, want_probs, min_confidence, *shaping)
+            result = await self._draft(tokens, True, k, candidates, sampling, want_probs, min_confidence)
         if result.error is not None:
             raise RuntimeError(f"draft_model: {result.error}")
         depth = len(result.token_ids) // candidates  # a chain may stop before k (min_confidence)
@@ -47,12 +44,11 @@ class DraftModelDrafter:
         return Proposal([int(t) for t in result.token_ids], tree_draft_parents(candidates, depth), depth, probs)
 
     async def _draft(self, tokens: list[int], start: bool, k: int, candidates: int, sampling: SamplingParams,
-                     want_probs: bool, min_confidence: float, penalties: LogitsOptions | None, prompt_length: int):
+                     want_probs: bool, min_confidence: float):
         return await self.backend.draft_step(StepRequest(
             self.sequence_id, past_length=self.valid, input_ids=np.asarray(tokens[self.valid:]),
             start=start, num_draft_tokens=k, num_candidates=candidates, sampling=sampling,
-            want_logits=want_probs, min_confidence=min_confidence, penalties=penalties,
-            context=np.asarray(tokens) if penalties is not None else None, prompt_length=prompt_length,
+            want_logits=want_probs, min_confidence=min_confidence,
         ))
 
     async def prefill(self, tokens: list[int]) -> None:

@@ -20,7 +20,6 @@ import numpy as np
 from specdec.drafting.base import Proposal, proposal_of_tree
 from specdec.drafting.draft_model import slot_lost
 from specdec.engines import StepRequest, tree_draft_parents
-from specdec.logits_processing import LogitsOptions
 from specdec.sampling import SamplingParams, probabilities
 
 
@@ -59,8 +58,7 @@ class EagleDrafter:
         self.valid = upto
 
     async def propose(self, tokens: list[int], k: int, candidates: int, sampling: SamplingParams,
-                      want_probs: bool, min_confidence: float = 0.0, tree_nodes: int = 0,
-                      penalties: LogitsOptions | None = None, prompt_length: int = 0) -> Proposal:
+                      want_probs: bool, min_confidence: float = 0.0, tree_nodes: int = 0) -> Proposal:
         start = not self.started
         self.started = True  # END at release even if this call fails: a failed START can still hold a KV slot
         upto = len(tokens) - 1
@@ -68,8 +66,7 @@ class EagleDrafter:
         result = await self.backend.eagle_step(StepRequest(
             self.sequence_id, past_length=self.valid, input_ids=input_ids, start=start, num_draft_tokens=k,
             num_candidates=candidates, sampling=sampling, want_logits=want_probs, features=features,
-            min_confidence=min_confidence, tree_nodes=tree_nodes, penalties=penalties,
-            context=np.asarray(tokens) if penalties is not None else None, prompt_length=prompt_length,
+            min_confidence=min_confidence, tree_nodes=tree_nodes,
         ))
         if result.error is not None:
             if slot_lost(str(result.error)):  # the features of the lost rows are gone with it
