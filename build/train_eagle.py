@@ -598,6 +598,9 @@ def main(argv: list[str] | None = None) -> dict:
                     "then fc too); --init-layer is then unused")
     ap.add_argument("--proposal-vocab", type=int, default=4096)
     ap.add_argument("--proposal-vocab-file", type=Path, help="take this proposal_vocab.json instead")
+    ap.add_argument("--proposal-vocab-add", type=int, default=0, help="with --proposal-vocab-file: also the tokens "
+                    "among the N most frequent of the training answers (sampled answers reach tokens greedy ones "
+                    "do not: mass the head cannot propose is acceptance lost)")
     ap.add_argument("--feature-weight", type=float, default=0.5, help="weight of the smooth L1 feature loss")
     ap.add_argument("--ttt-weight", type=float, default=1.0, help="weight of the unrolled step (0: off)")
     ap.add_argument("--ttt-detach", action="store_true", help="no gradient through the unrolled step's feature")
@@ -653,7 +656,8 @@ def main(argv: list[str] | None = None) -> dict:
         proposal = resumed["proposal"]
     elif args.proposal_vocab_file:
         given = json.loads(args.proposal_vocab_file.read_text(encoding="utf-8"))["token_ids"]
-        proposal = sorted({int(t) for t in given} | set(always))
+        added = choose_proposal_vocab(train, args.proposal_vocab_add, always) if args.proposal_vocab_add else []
+        proposal = sorted({int(t) for t in given} | set(added) | set(always))
     else:
         proposal = choose_proposal_vocab(train, args.proposal_vocab, always)
     sample = [arrays[ex["src"]][ex["offset"]:ex["offset"] + len(ex["ids"])] for ex in train[:200]]

@@ -301,6 +301,17 @@ def _train_args(tiny, out: Path, steps: int) -> list[str]:
             "--ckpt-every", "2", "--threads", "1", "--no-bf16", "--seed", "5", "--no-progress"]
 
 
+def test_a_given_proposal_vocabulary_widened_by_the_training_answers(tiny, tmp_path) -> None:
+    given = tmp_path / "proposal_vocab.json"
+    given.write_text(json.dumps({"token_ids": [5, 6, 7]}))
+    args = _train_args(tiny, tmp_path / "run", 0)
+    at = args.index("--proposal-vocab")
+    args[at:at + 2] = ["--proposal-vocab-file", str(given), "--proposal-vocab-add", "40"]
+    train_eagle.main(args)
+    vocab = json.loads((tmp_path / "run/best/proposal_vocab.json").read_text())["token_ids"]
+    assert {5, 6, 7, 1, 2} <= set(vocab) and 40 <= len(vocab) <= 45 and vocab == sorted(vocab)
+
+
 def test_a_saved_head_does_not_take_the_targets_fused_layers(tiny, tmp_path) -> None:
     """The target lists the layers it returns for a fused head (FEATURE_LAYERS_KEY); the head's own config,
     copied from the target's, must not: the head is one layer and fuses nothing itself."""
