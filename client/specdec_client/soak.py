@@ -24,7 +24,6 @@ import random
 import sys
 import threading
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,8 @@ from typing import Any
 import tritonclient.grpc as grpcclient
 
 from specdec_client.api import grpc_inputs
+from specdec_client.bench import percentile
+from specdec_client.scrape import scrape
 from specdec_client.server import TritonServer, free_port, model_processes, session_processes
 
 PROMPTS = Path(__file__).resolve().parent / "prompts" / "smoke.json"
@@ -74,19 +75,10 @@ def resident_mb_by_process(session_id: int) -> dict[str, float]:
 def kv_slots_in_use(metrics_url: str) -> int | None:
     """Sum of `specdec_kv_slots_in_use` over the decoder instances, or None when the metric is absent."""
     try:
-        with urllib.request.urlopen(metrics_url, timeout=5) as resp:
-            text = resp.read().decode()
+        values = scrape(metrics_url, timeout_s=5).values(SLOTS_METRIC)
     except OSError:
         return None
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(SLOTS_METRIC + "{")]
-    return int(sum(values)) if values else None
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+    return int(sum(value for _, value in values)) if values else None
 
 
 @dataclass
