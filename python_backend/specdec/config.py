@@ -4,7 +4,7 @@ The YAML (model_repository/speculative_decoding/1/profiles.yaml; docs/SPECULATIO
 
     speculative_decoding:
       base_length: {json: 8, code: 6, text: [4, 12]}   # a range means adaptive
-      candidate_num: {default: 3, high_precision: 5}
+      candidate_num: {default: 3}
       draft_confidence: {json: 0.5, code: 0.5, text: 0.3}   # 0 or absent: chains of the full length
       dynamic_tree: {nodes: {json: 8, code: 8, text: 0}, depth: 5, width: 2, min_probability: 0.1,
                      max_sequences: 2}   # above 2 sequences generating: chains
@@ -131,7 +131,6 @@ class TaskProfile:
 @dataclass(frozen=True)
 class SpeculationConfig:
     profiles: dict[str, TaskProfile]
-    high_precision_candidates: int = 5
     verify_threshold: float = 0.7
     fallback: FallbackConfig = field(default_factory=FallbackConfig)
     prompt_lookup: PromptLookup = field(default_factory=PromptLookup)  # for `model+ngram` and `eagle+ngram`
@@ -219,7 +218,6 @@ class SpeculationConfig:
             speculate_sampled=speculate_sampled,
             grammar_drafting=grammar_drafting,
             constrained_drafter=constrained_drafter,
-            high_precision_candidates=int(candidates.get("high_precision", 5)),
             verify_threshold=float(spec.get("verify_threshold", 0.7)),
             fallback=FallbackConfig(
                 min_acceptance_rate=float(fb.get("min_acceptance_rate", 0.40)),

@@ -12,7 +12,7 @@ from specdec.fallback import FallbackMonitor
 PROFILES = """
 speculative_decoding:
   base_length: {json: 8, code: 6, text: [4, 12]}
-  candidate_num: {default: 3, high_precision: 5}
+  candidate_num: {default: 3}
   verify_threshold: 0.7
   fallback: {min_acceptance_rate: 0.40, window_s: 300}
 """
@@ -37,7 +37,7 @@ def test_profiles_follow_the_yaml(config):
     assert (config.profiles["code"].min_length, config.profiles["code"].max_length) == (6, 6)
     text = config.profiles["text"]
     assert text.adaptive and (text.min_length, text.max_length) == (4, 12)
-    assert config.profiles["json"].num_candidates == 3 and config.high_precision_candidates == 5
+    assert config.profiles["json"].num_candidates == 3
     assert config.verify_threshold == 0.7
     assert config.fallback.min_acceptance_rate == 0.40 and config.fallback.window_s == 300
 
