@@ -90,7 +90,8 @@ def answers_made_before(plan: list[dict], paths: list[Path]) -> list[dict]:
 
     A row matches by its id, its mode and its prompt's token ids. Its id is the plan's (``<file stem>/<id>``,
     as a run's own ``answers.jsonl.gz`` writes it) or the request's own (as ``build/target_answers.py`` writes
-    it): request files number their requests alike (``req-000001`` is in every file), so that id alone cannot
+    it, or ``<id>@t0.7`` from ``target_answers --sampling``, whose other modes the plan has no entry for):
+    request files number their requests alike (``req-000001`` is in every file), so that id alone cannot
     say which request a row answers. Entries of one id, mode and prompt are the same question; a row answers
     the first of them not answered yet."""
     by_key: dict[tuple, list[dict]] = {}
@@ -109,6 +110,10 @@ def answers_made_before(plan: list[dict], paths: list[Path]) -> list[dict]:
                     continue
                 sampled = row["mode"] == "sampled"
                 row_id = row["id"].removesuffix("/sampled") if sampled else row["id"]  # the plan's sampled ids
+                if "@" in row_id:  # target_answers --sampling: <request id>@<mode>; the plan samples at t0.7 only
+                    row_id, mode = row_id.split("@", 1)
+                    if mode != "t0.7":
+                        continue
                 key = (row_id, sampled, tuple(row["prompt_ids"]))
                 entry = next((e for e in by_key.get(key, []) if e["id"] not in answered), None)
                 if entry is None:

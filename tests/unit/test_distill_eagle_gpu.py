@@ -131,6 +131,12 @@ def test_answers_made_beforehand_replace_their_plan_entries(tiny, tmp_path) -> N
     assert [(r["id"], r["answer_ids"]) for r in rows] == [
         (first["id"], [5, 6, EOS]), (sampled["id"], [7]), (other_file["id"], [3])]
     assert len(plan) == len(tiny["plan"]) - 2
+    # target_answers --sampling names a request's answers <request id>@<mode>; the plan samples at t0.7 only.
+    plan = [dict(entry) for entry in tiny["plan"]]
+    modes = [{**lines[1], "id": "req-3@t1.0", "answer_ids": [2]}, {**lines[1], "id": "req-3@t0.7", "answer_ids": [1]}]
+    made.write_text("".join(json.dumps(row) + "\n" for row in modes), encoding="utf-8")
+    rows = gpu.answers_made_before(plan, [made])
+    assert [(r["id"], r["answer_ids"]) for r in rows] == [(sampled["id"], [1])] and sampled not in plan
 
 
 def test_request_ids_are_made_unique_per_file(tmp_path) -> None:
