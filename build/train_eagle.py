@@ -20,16 +20,19 @@ training-time test trains that second step: unrolled row j (j >= 1) reads ``g_{j
 f_j) and x_{j+1}, attends to the true rows' keys i < j and to its own key (what inference's cache holds then)
 and predicts x_{j+2}, i.e. the second draft token after the true row j-1.
 
-Losses, on answer positions of chat answers (x_{j+2} in the answer) and every position of text windows:
-soft cross-entropy against the target's distribution restricted to the proposal vocabulary
-(``softmax(f_{j+1} @ E_p^T)``) plus ``--feature-weight`` x smooth L1 between g_j and f_{j+1}; the unrolled
-step's losses weigh ``--ttt-weight``. E is frozen (shared with the target, not saved); fc, the layer and the
-norm are trained. The layer starts from target layer ``--init-layer`` or, with ``--init-from``, from a trained
-1-layer draft (``build/train_draft.py``: with ``--fc-init embedding`` the head then starts as that draft, which
-reads the tokens only); fc learns at ``--fc-lr-scale`` times the layer's rate (``ScaledLinear``). Held-out
-examples (a hash of the id) give the top-1 agreement with the target's argmax per
-domain (step 1: alpha at k = 1 for greedy speculation; step 2: the unrolled step); ``<out>/best`` keeps the
-head of the best mean step-1 agreement as an installable folder (config.json, eagle_layers.safetensors,
+Losses, on answer positions of chat answers (x_{j+2} in the answer) and every position of text windows: soft
+cross-entropy against the target's distribution restricted to the proposal vocabulary (``softmax(f_{j+1} @
+E_p^T)``) plus ``--feature-weight`` x smooth L1 between g_j and f_{j+1}; the unrolled step's losses weigh
+``--ttt-weight``. For sampled decoding (answers of ``target_answers --sampling``): ``--answer-temperatures``
+compares a sampled answer's rows at its own temperature, and ``--tv-weight`` adds the total variation ``1 - sum
+min(p, q)``, the rejection rate of speculative sampling. E is frozen (shared with the target, not saved); fc, the
+layer and the norm are trained. The layer starts from target layer ``--init-layer`` or, with ``--init-from``, from
+a trained 1-layer draft (``build/train_draft.py``: with ``--fc-init embedding`` the head then starts as that
+draft, which reads the tokens only); fc learns at ``--fc-lr-scale`` times the layer's rate (``ScaledLinear``).
+Held-out examples (a hash of the id) give the top-1 agreement with the target's argmax per domain (step 1: alpha
+at k = 1 for greedy speculation; step 2: the unrolled step) and, on sampled answers, ``sum min(p, q)`` at the
+answer's temperature and top_p (``overlap``: alpha for speculative sampling); ``<out>/best`` keeps the head of the
+best held-out figure (``--select``) as an installable folder (config.json, eagle_layers.safetensors,
 proposal_vocab.json, agreement.json). Resumable (``<out>/state.pt``). Usage::
 
     python build/train_eagle.py --target model_repository/target_model/1 --features data/eagle \\
