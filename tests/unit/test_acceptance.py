@@ -84,3 +84,42 @@ def test_seeded_draws_repeat():
     a = [sample(probs, make_rng(7, i)) for i in range(20)]
     b = [sample(probs, make_rng(7, i)) for i in range(20)]
     assert a == b and len(set(a)) > 5
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.95), (1.3, 0.8)])
+def test_a_sampled_trees_first_two_tokens_follow_the_targets_joint_law(temperature, top_p):
+    """A tree of two chains, two levels deep, each node drawn from the draft's law given its parent (the first
+    level's two drawn independently, as engines draft them): the first two tokens emitted follow the target's
+    p(x1) p(x2 | x1) under the request's temperature and top_p, chi-square over the pairs (a second token not
+    emitted by this verification is drawn from p(. | x1), as the next one would)."""
+    vocab, draws = 6, 60_000
+    params = SamplingParams(temperature, top_p=top_p)
+    gen = np.random.default_rng(7)
+    law = lambda logits: probabilities(logits, params)  # noqa: E731
+    p1, q1 = law(gen.normal(size=(1, vocab)) * 2)[0], law(gen.normal(size=(1, vocab)) * 2)[0]
+    p2, q2 = law(gen.normal(size=(vocab, vocab)) * 2), law(gen.normal(size=(vocab, vocab)) * 2)
+    p3 = law(gen.normal(size=(1, vocab)))[0]
+    parents = [-1, -1, 0, 1]
+    rng = np.random.default_rng(11)
+    counts = np.zeros((vocab, vocab))
+    for _ in range(draws):
+        first = [sample(q1, rng), sample(q1, rng)]
+        tokens = first + [sample(q2[t], rng) for t in first]
+        draft = np.stack([q1, q1, q2[first[0]], q2[first[1]]])
+        target = np.stack([p1, p2[first[0]], p2[first[1]], p3, p3])
+        verdict = rejection_verify(tokens, parents, target, draft, rng)
+        emitted = [tokens[node] for node in verdict.path] + [verdict.next_token]
+        if len(emitted) == 1:
+            emitted.append(sample(p2[emitted[0]], rng))
+        counts[emitted[0], emitted[1]] += 1
+    expected = (p1[:, None] * p2).reshape(-1) * draws
+    observed = counts.reshape(-1)
+    big = expected > 50
+    assert observed[expected == 0].sum() == 0  # nothing outside the nucleus
+    pooled = expected[~big].sum() > 0  # the unlikely pairs, as one cell (where the nucleus leaves any)
+    result = chisquare(np.append(observed[big], observed[~big].sum()) if pooled else observed[big],
+                       np.append(expected[big], expected[~big].sum()) if pooled else expected[big])
+    assert result.pvalue > 1e-3, result
+    wrong = (q1[:, None] * q2).reshape(-1) * draws  # and it is not the draft's law
+    some = big & (wrong > 0)
+    assert chisquare(observed[some], wrong[some] * observed[some].sum() / wrong[some].sum()).pvalue < 1e-12
