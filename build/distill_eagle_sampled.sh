@@ -2,7 +2,7 @@
 # Train the installed EAGLE head further on the target's *sampled* answers, at the temperature each was sampled
 # at, with the total variation (1 - sum min(p, q), the rejection rate of speculative sampling) beside the soft
 # cross-entropy, and keep the head that is best on greedy agreement and sampled overlap together (docs/MODELS.md,
-# "Sampled answers"). Every step is resumable: run it again after a stop and it goes on where it was.
+# "Stage 10"). Every step is resumable: run it again after a stop and it goes on where it was.
 #
 #   bash build/distill_eagle_sampled.sh          # after `make setup`; INSTALL=1 installs the best head
 #
