@@ -53,7 +53,15 @@ from eagle_features import FeatureRecorder, teacher_forced  # noqa: E402
 from specdec.checkpoint import EAGLE_AUX_LAYERS, EAGLE_CONFIG_KEY, PROPOSAL_VOCAB_FILE  # noqa: E402
 from target_answers import MAX_NEW_TOKENS, MAX_PROMPT_TOKENS, SAMPLED, prompt_ids  # noqa: E402
 from train_draft import _held_out, batches  # noqa: E402
-from train_eagle import EagleHead, agreement, answer_temperature, loss_rows, losses, sampling_of, save_head  # noqa: E402,E501
+from train_eagle import (  # noqa: E402
+    EagleHead,
+    agreement,
+    answer_temperature,
+    loss_rows,
+    losses,
+    sampling_of,
+    save_head,
+)
 
 MAX_LEN = MAX_PROMPT_TOKENS + max(MAX_NEW_TOKENS.values())
 
