@@ -1,10 +1,9 @@
 """What one batched forward of the target costs as the batch grows: decode steps (1 token) and verification
 passes (`--width` tokens) of `batch` sequences at `--context` cached tokens each, in one process, on the
-onnxruntime runtime the server uses. Prints ms per forward, per sequence, and tokens/s the forward could serve.
-With `--compare-copy`, a second runtime whose graph copies each layer's context (as before the in-place
-binding, specdec.runtime.onnx_llama.graph_writing_in_place) runs the same forwards, interleaved.
-
-    python build/measure_batch_forward.py --context 200 --batches 1,2,4,8,16,32,64 --widths 1,5
+onnxruntime runtime the server uses. Prints ms per forward, per sequence, tokens/s the forward could serve, and
+the cores the process kept busy meanwhile. With `--compare-copy`, a second runtime whose graph copies each
+layer's context (as before the in-place binding, specdec.runtime.onnx_llama.graph_writing_in_place) runs the
+same forwards, interleaved.
 """
 
 from __future__ import annotations
@@ -49,16 +48,19 @@ def main(argv: list[str] | None = None) -> int:
             tokens = rng.integers(0, runtimes["in place"].vocab_size, (batch, width))
             items = [ForwardItem(slot, args.context, tokens[slot], num_logits=width) for slot in range(batch)]
             seconds = dict.fromkeys(runtimes, 0.0)
+            cpu_seconds = dict.fromkeys(runtimes, 0.0)
             for runtime in runtimes.values():
                 runtime.forward_outputs(items)  # warm-up at this shape
             for _ in range(args.repeats):
                 for name, runtime in runtimes.items():
-                    started = time.perf_counter()
+                    started, cpu_started = time.perf_counter(), time.process_time()
                     runtime.forward_outputs(items)
                     seconds[name] += (time.perf_counter() - started) / args.repeats
+                    cpu_seconds[name] += (time.process_time() - cpu_started) / args.repeats
             for name, took in seconds.items():
                 print(f"context {args.context} width {width} batch {batch:3d} ({name}): {1e3 * took:7.1f} ms/forward "
-                      f"{1e3 * took / batch:6.2f} ms/sequence {batch / took:7.1f} forwards' sequences/s", flush=True)
+                      f"{1e3 * took / batch:6.2f} ms/sequence {batch / took:7.1f} forwards' sequences/s "
+                      f"{cpu_seconds[name] / took:4.2f} cores", flush=True)
     return 0
 
 
