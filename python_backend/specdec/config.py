@@ -1,15 +1,17 @@
 """Speculation profiles (YAML) and how a request's settings are resolved from a profile plus overrides.
 
-The YAML (model_repository/speculative_decoding/1/profiles.yaml; docs/SPECULATION.md):
+The dataclasses' defaults are the shipped profile's values (model_repository/speculative_decoding/1/profiles.yaml
+states each of them, with why; a unit test checks the two agree): a profiles file that leaves a key out gets the
+shipped value. docs/SPECULATION.md describes every key:
 
     speculative_decoding:
-      base_length: {json: 8, code: 6, text: [4, 12]}   # a range means adaptive
-      candidate_num: {default: 3}
-      draft_confidence: {json: 0.5, code: 0.5, text: 0.3}   # 0 or absent: chains of the full length
-      dynamic_tree: {nodes: {json: 8, code: 8, text: 0}, depth: 5, width: 2, min_probability: 0.1,
+      base_length: {json: 4, code: 3, text: 1}   # a range [min, max] means adaptive
+      candidate_num: {default: 1}
+      drafter: {json: eagle+ngram, code: eagle+ngram, text: eagle+ngram}
+      dynamic_tree: {nodes: {json: 0, code: 8, text: 8}, depth: 5, width: 2, min_probability: 0.1,
                      max_sequences: 2}   # above 2 sequences generating: chains
-      verify_threshold: 0.7
-      fallback: {min_acceptance_rate: 0.40, window_s: 300}
+      max_sequences: 2
+      fallback: {min_acceptance_rate: 0.20, window_s: 300}
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 import yaml
 
 from specdec.acceptance import ACCEPTANCE_MODES
-from specdec.drafting.ngram import MAX_NGRAM, PromptLookup
+from specdec.drafting.ngram import PromptLookup
 from specdec.errors import InvalidRequestError
 
 TASKS = ("json", "code", "text")
@@ -61,9 +63,11 @@ def drafters_served(eagle_head: bool, draft_model: bool = True) -> tuple[str, ..
 
 @dataclass(frozen=True)
 class FallbackConfig:
-    min_acceptance_rate: float = 0.40
+    """Plain decoding for a task whose acceptance rate stayed below `min_acceptance_rate` for a window."""
+
+    min_acceptance_rate: float = 0.20  # break-even of a one-token draft is ~0.15 here
     window_s: float = 300.0
-    min_draft_tokens: int = 64  # evidence needed before the window's rate is trusted
+    min_draft_tokens: int = 256  # evidence needed before the window's rate is trusted
     probe_interval_s: float = 30.0  # while fallen back, one request in this interval speculates
 
 
@@ -82,8 +86,8 @@ class DynamicTree:
     nodes: int
     depth: int = 5
     width: int = 2
-    min_probability: float = 0.0
-    max_sequences: int = 0
+    min_probability: float = 0.1
+    max_sequences: int = 2
 
     def __post_init__(self) -> None:
         if not (self.nodes >= 1 and self.depth >= 1 and self.width >= 1 and 0.0 <= self.min_probability < 1.0
@@ -115,8 +119,8 @@ class TaskProfile:
 
     min_length: int
     max_length: int  # equal to min_length: fixed; larger: adaptive within [min, max]
-    num_candidates: int = 3
-    drafter: str = "model"
+    num_candidates: int = 1
+    drafter: str = "eagle+ngram"
     acceptance: str = "greedy"
     # A model drafter's chain stops before a token (past the first) it gives less probability than this: the
     # length is then the most it drafts (0: always the full length).
@@ -128,9 +132,16 @@ class TaskProfile:
         return self.max_length > self.min_length
 
 
+def shipped_profiles() -> dict[str, TaskProfile]:
+    """The shipped task profiles: the EAGLE head behind prompt lookup, chains of 4 (JSON), 3 (code) and 1 (prose)
+    tokens, and dynamic trees of 8 nodes for code and prose while at most 2 sequences generate."""
+    return {"json": TaskProfile(4, 4), "code": TaskProfile(3, 3, tree=DynamicTree(8)),
+            "text": TaskProfile(1, 1, tree=DynamicTree(8))}
+
+
 @dataclass(frozen=True)
 class SpeculationConfig:
-    profiles: dict[str, TaskProfile]
+    profiles: dict[str, TaskProfile] = field(default_factory=shipped_profiles)
     verify_threshold: float = 0.7
     fallback: FallbackConfig = field(default_factory=FallbackConfig)
     prompt_lookup: PromptLookup = field(default_factory=PromptLookup)  # for `model+ngram` and `eagle+ngram`
@@ -138,7 +149,7 @@ class SpeculationConfig:
     # Speculate only while at most this many sequences generate on the instance (0: at any load); above it a
     # request whose text does not depend on the load decodes plain: a batched verification is bound by its
     # rows on a CPU, and every draft row then costs what it saves (docs/BENCHMARKS.md, "Under load").
-    max_sequences: int = 0
+    max_sequences: int = 2
     # Whether a sampled request (temperature > 0) that sets no speculation option of its own speculates. Off: with
     # this head, sampled speculation gained 1.02x at concurrency 1 and lost at 4 and 16 (0.75x, 0.60x), and a
     # seeded request cannot follow the load (its text would change with it) (docs/BENCHMARKS.md, "Under load").
@@ -169,37 +180,40 @@ class SpeculationConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> SpeculationConfig:
+        """The config a profiles file describes; every key it leaves out keeps the shipped default."""
         spec = raw.get("speculative_decoding", raw)
-        lengths = spec.get("base_length", {"json": 8, "code": 6, "text": [4, 12]})
-        candidates = spec.get("candidate_num", {})
-        default_candidates = int(candidates.get("default", 3))
-        drafters = spec.get("drafter", {})
-        acceptance = spec.get("acceptance", {})
-        confidence = spec.get("draft_confidence", {})
-        tree = spec.get("dynamic_tree") or {}
+        default = cls()
+
+        def per_task(key: str, task: str, value: Any) -> Any:
+            given = spec.get(key, {})
+            return given.get(task, value) if isinstance(given, dict) else given
+
         profiles = {}
         for task in TASKS:
-            length = lengths.get(task, 6)
+            shipped = default.profiles[task]
+            length = per_task("base_length", task, [shipped.min_length, shipped.max_length])
             lo, hi = (int(length[0]), int(length[1])) if isinstance(length, list) else (int(length), int(length))
             if not 1 <= lo <= hi:
                 raise ValueError(f"base_length of {task} must be a positive length or [min, max]")
-            drafter = drafters.get(task, "model") if isinstance(drafters, dict) else str(drafters)
-            mode = acceptance.get(task, "greedy") if isinstance(acceptance, dict) else str(acceptance)
+            drafter = str(per_task("drafter", task, shipped.drafter))
+            mode = str(per_task("acceptance", task, shipped.acceptance))
             if drafter not in DRAFTERS or mode not in ACCEPTANCE_MODES:
                 raise ValueError(f"profile {task}: drafter must be in {DRAFTERS}, acceptance in {ACCEPTANCE_MODES}")
-            floor = float(confidence.get(task, 0.0) if isinstance(confidence, dict) else confidence)
+            floor = float(per_task("draft_confidence", task, shipped.min_confidence))
             if not 0.0 <= floor < 1.0:
                 raise ValueError(f"draft_confidence of {task} must be in [0, 1), got {floor}")
-            profiles[task] = TaskProfile(lo, hi, default_candidates, drafter, mode, floor,
-                                         DynamicTree.for_task(tree, task))
+            tree = DynamicTree.for_task(spec["dynamic_tree"] or {}, task) if "dynamic_tree" in spec else shipped.tree
+            candidates = int(spec.get("candidate_num", {}).get("default", shipped.num_candidates))
+            profiles[task] = TaskProfile(lo, hi, candidates, drafter, mode, floor, tree)
         fb = spec.get("fallback", {})
+        window_s = float(fb.get("window_s", default.fallback.window_s))
         pl = spec.get("prompt_lookup", {})
-        adaptive = pl.get("adaptive", False)
+        adaptive = pl.get("adaptive", default.prompt_lookup.adaptive)
         if not isinstance(adaptive, bool):
             raise ValueError(f"prompt_lookup.adaptive must be true or false, got {adaptive!r}")
-        lookup = PromptLookup(length=int(pl.get("length", PromptLookup.length)),
-                              min_ngram=int(pl.get("min_ngram", PromptLookup.min_ngram)),
-                              max_ngram=int(pl.get("max_ngram", MAX_NGRAM)), adaptive=adaptive)
+        lookup = PromptLookup(length=int(pl.get("length", default.prompt_lookup.length)),
+                              min_ngram=int(pl.get("min_ngram", default.prompt_lookup.min_ngram)),
+                              max_ngram=int(pl.get("max_ngram", default.prompt_lookup.max_ngram)), adaptive=adaptive)
         max_sequences = int(spec.get("max_sequences", cls.max_sequences))
         if max_sequences < 0:
             raise ValueError(f"max_sequences must be >= 0 (0: speculate at any load), got {max_sequences}")
@@ -218,12 +232,14 @@ class SpeculationConfig:
             speculate_sampled=speculate_sampled,
             grammar_drafting=grammar_drafting,
             constrained_drafter=constrained_drafter,
-            verify_threshold=float(spec.get("verify_threshold", 0.7)),
+            verify_threshold=float(spec.get("verify_threshold", cls.verify_threshold)),
             fallback=FallbackConfig(
-                min_acceptance_rate=float(fb.get("min_acceptance_rate", 0.40)),
-                window_s=float(fb.get("window_s", 300)),
-                min_draft_tokens=int(fb.get("min_draft_tokens", 64)),
-                probe_interval_s=float(fb.get("probe_interval_s", min(30.0, float(fb.get("window_s", 300)) / 10))),
+                min_acceptance_rate=float(fb.get("min_acceptance_rate", default.fallback.min_acceptance_rate)),
+                window_s=window_s,
+                min_draft_tokens=int(fb.get("min_draft_tokens", default.fallback.min_draft_tokens)),
+                # a short window probes more often (a tenth of it), at most every probe_interval_s
+                probe_interval_s=float(fb.get("probe_interval_s",
+                                              min(default.fallback.probe_interval_s, window_s / 10))),
             ),
             prompt_lookup=lookup,
         )
@@ -245,7 +261,7 @@ class SpeculationSettings:
     acceptance: str
     verify_threshold: float
     explicit_length: bool = False  # the request fixed num_draft_tokens: the profile's fallback does not apply
-    prompt_lookup: PromptLookup = PromptLookup()  # how `model+ngram` / `eagle+ngram` look up
+    prompt_lookup: PromptLookup = PromptLookup(adaptive=False)  # how `model+ngram` / `eagle+ngram` look up
     min_confidence: float = 0.0  # TaskProfile.min_confidence: where a model drafter's chain stops early
     tree: DynamicTree | None = None  # greedy drafting with the EAGLE head: this dynamic tree instead of chains
     max_sequences: int = 0  # SpeculationConfig.max_sequences (0: speculate at any load)

@@ -125,7 +125,8 @@ def test_greedy_with_a_dynamic_tree_equals_plain_decoding(tiny_pair, tiny_eagle,
                                                           prefill_chunk, floor):
     plain, _ = generate(backend(tiny_pair, tiny_eagle), SpeculationSettings("text", "model", 0, 0, 1, "greedy", 0.7))
     settings = SpeculationSettings("text", drafter, depth, depth, 1, "greedy", 0.7, explicit_length=True,
-                                   prompt_lookup=PromptLookup(), tree=DynamicTree(nodes, depth, width, floor))
+                                   prompt_lookup=PromptLookup(adaptive=False),
+                                   tree=DynamicTree(nodes, depth, width, floor))
     got, stats = generate(backend(tiny_pair, tiny_eagle), settings, prefill_chunk)
     assert got == plain and stats.draft_failures == 0 and stats.draft_calls > 0
 
@@ -137,7 +138,8 @@ def resolved(config: SpeculationConfig, task: str, **overrides) -> SpeculationSe
 
 
 def test_the_tree_comes_from_the_profile_and_requests_set_its_depth_and_width():
-    config = SpeculationConfig.from_dict({"dynamic_tree": {"nodes": {"json": 8}, "depth": 4, "min_probability": 0.1}})
+    config = SpeculationConfig.from_dict({"dynamic_tree": {"nodes": {"json": 8}, "depth": 4, "min_probability": 0.1},
+                                          "candidate_num": {"default": 3}})
     assert config.profiles["json"].tree == DynamicTree(8, 4, 2, 0.1)
     assert config.profiles["code"].tree is None and config.profiles["text"].tree is None
     assert resolved(config, "json").tree == DynamicTree(8, 4, 2, 0.1)
@@ -245,10 +247,11 @@ def test_a_seeded_sampled_request_drafts_its_tree_on_any_load(tiny_pair, tiny_ea
 
 
 def test_the_trees_max_sequences_comes_from_the_profile():
-    config = SpeculationConfig.from_dict({"dynamic_tree": {"nodes": {"code": 8}, "max_sequences": 8}})
+    config = SpeculationConfig.from_dict({"dynamic_tree": {"nodes": {"code": 8}, "max_sequences": 8,
+                                                           "min_probability": 0.0}})
     assert config.profiles["code"].tree == DynamicTree(8, 5, 2, 0.0, 8)
     assert config.profiles["code"].tree.serves(8) and not config.profiles["code"].tree.serves(9)
-    assert DynamicTree(8).serves(1000)  # 0: no limit
+    assert DynamicTree(8, max_sequences=0).serves(1000)  # 0: no limit
     with pytest.raises(ValueError, match="max_sequences"):
         SpeculationConfig.from_dict({"dynamic_tree": {"nodes": 4, "max_sequences": -1}})
 
@@ -261,8 +264,8 @@ def test_speculation_pauses_above_the_profiles_max_sequences(tiny_pair, tiny_eag
     plain steps (no draft calls, no lookup proposals) and its output is still plain decoding's."""
     plain, _ = generate(backend(tiny_pair, tiny_eagle), SpeculationSettings("text", "model", 0, 0, 1, "greedy", 0.7))
     calls = _recording(monkeypatch)
-    settings = SpeculationSettings("text", "eagle+ngram", 3, 3, 1, "greedy", 0.7, prompt_lookup=PromptLookup(),
-                                   max_sequences=max_sequences)
+    settings = SpeculationSettings("text", "eagle+ngram", 3, 3, 1, "greedy", 0.7,
+                                   prompt_lookup=PromptLookup(adaptive=False), max_sequences=max_sequences)
     got, stats = generate(backend(tiny_pair, tiny_eagle), settings, others=others)
     assert got == plain
     assert (stats.draft_tokens > 0) == speculates and (stats.load_plain_steps == 0) == speculates
@@ -299,7 +302,8 @@ def test_max_sequences_comes_from_the_profile_and_an_explicit_length_lifts_it():
     assert config.max_sequences == 6 and resolved(config, "code").max_sequences == 6
     assert resolved(config, "code").speculates_under(6) and not resolved(config, "code").speculates_under(7)
     assert resolved(config, "code", num_draft_tokens=3).max_sequences == 0  # the request asked for its k
-    assert SpeculationConfig.from_dict({}).max_sequences == 0
+    assert SpeculationConfig.from_dict({}).max_sequences == 2  # the shipped default (test_config.py)
+    assert SpeculationConfig.from_dict({"max_sequences": 0}).max_sequences == 0  # any load
     with pytest.raises(ValueError, match="max_sequences"):
         SpeculationConfig.from_dict({"max_sequences": -1})
 

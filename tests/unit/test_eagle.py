@@ -36,7 +36,7 @@ def generate(backend_, drafter: str, k: int, candidates: int = 1, prefill_chunk:
              max_tokens: int = 40, prompt: list[int] = PROMPT,
              lookup: PromptLookup | None = None, min_confidence: float = 0.0) -> tuple[list[int], GenerationStats]:
     settings = SpeculationSettings("text", drafter, k, k, candidates, "greedy", 0.7, explicit_length=True,
-                                   prompt_lookup=lookup or PromptLookup(), min_confidence=min_confidence)
+                                   prompt_lookup=lookup or PromptLookup(adaptive=False), min_confidence=min_confidence)
     generator = SpeculativeGenerator(backend_, MAX_LENGTH, prefill_chunk=prefill_chunk)
     stats = GenerationStats()
 

@@ -199,7 +199,8 @@ def test_profiles_name_the_combined_drafters_and_their_lookup_options():
         SpeculationConfig.from_dict({"prompt_lookup": {"length": 0}})
     with pytest.raises(ValueError, match="adaptive"):
         SpeculationConfig.from_dict({"prompt_lookup": {"adaptive": "yes"}})
-    assert not SpeculationConfig.from_dict({}).prompt_lookup.adaptive
+    assert SpeculationConfig.from_dict({}).prompt_lookup.adaptive  # the shipped default (test_config.py)
+    assert not SpeculationConfig.from_dict({"prompt_lookup": {"adaptive": False}}).prompt_lookup.adaptive
 
 
 def test_without_the_head_eagle_with_lookup_becomes_the_draft_model_with_lookup():

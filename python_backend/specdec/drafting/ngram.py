@@ -25,12 +25,12 @@ class PromptLookup:
 
     `adaptive`: each sequence proposes the length, at most `length`, with the most expected tokens per second
     from its own lookup acceptance so far and the measured cost of verification rows (specdec.adaptive);
-    otherwise always `length`."""
+    otherwise always `length`. The defaults are the shipped profile's (specdec.config)."""
 
     length: int = 12
     min_ngram: int = 2
     max_ngram: int = MAX_NGRAM
-    adaptive: bool = False
+    adaptive: bool = True
 
     def __post_init__(self) -> None:
         if not (self.length >= 1 and 1 <= self.min_ngram <= self.max_ngram):
