@@ -593,7 +593,8 @@ def start_ours(args: argparse.Namespace, logs: Path) -> Engine:
             lean_dir = Path(tempfile.mkdtemp(prefix="peers-repository-"))
             repository = repository_without(repository, leave_out, lean_dir / "model_repository")
     server = start_on_free_ports(repository, logs / "ours-tritonserver.log")
-    endpoint = OpenAIEndpoint(server.grpc_url, free_port(), extra_args=["--tokenizer", str(args.target_folder)],
+    endpoint = OpenAIEndpoint(server.grpc_url, free_port(),
+                              extra_args=["--tokenizer", str(args.target_folder), *args.openai_arg],
                               log_file=logs / "ours-openai.log")
     try:
         endpoint.start()
@@ -749,6 +750,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--ctx-per-slot", type=int, default=640, help="llama-server context per slot (-c = slots x this)")
     p.add_argument("--threads", type=int, default=2, help="llama-server --threads / --threads-batch")
     p.add_argument("--llama-arg", action="append", default=[], help="extra llama-server argument (repeatable)")
+    p.add_argument("--openai-arg", action="append", default=[],
+                   help="extra argument of our OpenAI endpoint, e.g. --via-ensemble (repeatable)")
     p.add_argument("--ready-timeout", type=float, default=1200.0)
     p.add_argument("--request-timeout", type=float, default=900.0)
     p.add_argument("--idle-seconds", type=float, default=5.0)

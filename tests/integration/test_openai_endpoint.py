@@ -7,6 +7,7 @@ import time
 import httpx
 import openai
 import pytest
+import tritonclient.grpc as grpcclient
 from specdec_client.api import generate_grpc
 from specdec_client.server import OpenAIEndpoint, free_port
 from test_cancellation import LONG, stopped_lines, wait_for_stop
@@ -26,15 +27,30 @@ def tokenizer(server):
     return AutoTokenizer.from_pretrained(server.model_repository / "target_model" / "1")
 
 
-@pytest.fixture(scope="module")
-def endpoint(server, tokenizer, tmp_path_factory):
+def endpoint_args(server, tokenizer, tmp_path_factory) -> list[str]:
     extra = ["--tokenizer", str(server.model_repository / "target_model" / "1")]
     if not tokenizer.chat_template:
         template = tmp_path_factory.mktemp("openai") / "chat_template.jinja"
         template.write_text(CHATML)
         extra += ["--chat-template", str(template)]
+    return extra
+
+
+@pytest.fixture(scope="module")
+def endpoint(server, tokenizer, tmp_path_factory):
+    """The endpoint as deployed: it tokenizes here and calls speculative_decoding directly."""
     log = tmp_path_factory.mktemp("openai_log") / "endpoint.log"
-    with OpenAIEndpoint(server.grpc_url, free_port(), extra_args=extra, log_file=log) as instance:
+    with OpenAIEndpoint(server.grpc_url, free_port(), extra_args=endpoint_args(server, tokenizer, tmp_path_factory),
+                        log_file=log) as instance:
+        yield instance
+
+
+@pytest.fixture(scope="module")
+def ensemble_endpoint(server, tokenizer, tmp_path_factory):
+    """An endpoint with --via-ensemble: every generation through the ensemble's pre- and postprocessing."""
+    log = tmp_path_factory.mktemp("openai_log") / "endpoint-via-ensemble.log"
+    args = [*endpoint_args(server, tokenizer, tmp_path_factory), "--via-ensemble"]
+    with OpenAIEndpoint(server.grpc_url, free_port(), extra_args=args, log_file=log) as instance:
         yield instance
 
 
@@ -164,7 +180,14 @@ def test_malformed_json_is_400(endpoint):
 LONG_BODY = {"model": MODEL, "prompt": PROMPT, "max_tokens": LONG, "min_tokens": LONG, "num_draft_tokens": 0}
 
 
-def test_a_client_that_leaves_a_stream_stops_the_generation(server, endpoint):
+# Called directly, speculative_decoding sees the cancelled call itself ("cancelled"); through the ensemble,
+# postprocessing marks the generation abandoned ("abandoned").
+STOP_REASONS = {"endpoint": "cancelled", "ensemble_endpoint": "abandoned"}
+
+
+@pytest.mark.parametrize("which", STOP_REASONS)
+def test_a_client_that_leaves_a_stream_stops_the_generation(server, which, request):
+    endpoint = request.getfixturevalue(which)
     before = len(stopped_lines(server))
     with httpx.stream("POST", f"{endpoint.base_url}/completions", json={**LONG_BODY, "stream": True},
                       timeout=60) as resp:
@@ -173,17 +196,55 @@ def test_a_client_that_leaves_a_stream_stops_the_generation(server, endpoint):
             events += line.startswith("data: ")
             if events == 3:
                 break
-    _, _, tokens = wait_for_stop(server, before, "abandoned")
+    _, _, tokens = wait_for_stop(server, before, STOP_REASONS[which])
     assert tokens < LONG // 4
 
 
-def test_a_client_that_leaves_a_non_streamed_request_stops_the_generation(server, endpoint):
+@pytest.mark.parametrize("which", STOP_REASONS)
+def test_a_client_that_leaves_a_non_streamed_request_stops_the_generation(server, which, request):
+    endpoint = request.getfixturevalue(which)
     before = len(stopped_lines(server))
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{endpoint.base_url}/completions", json=LONG_BODY, timeout=httpx.Timeout(30, read=2.0))
     started = time.monotonic()
-    _, _, tokens = wait_for_stop(server, before, "abandoned")
+    _, _, tokens = wait_for_stop(server, before, STOP_REASONS[which])
     assert tokens < LONG and time.monotonic() - started < 15
+
+
+def requests_served(server, model: str) -> int:
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        stats = client.get_inference_statistics(model, as_json=True)["model_stats"]
+        return sum(int(entry["inference_stats"]["success"].get("count", 0)) for entry in stats)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("prompt", [PROMPT, "Ärger über 日本語 🙂 und \"Anführungszeichen\"\n\tx = 1"])
+def test_direct_and_ensemble_paths_answer_the_same(server, endpoint, ensemble_endpoint, prompt):
+    """The endpoint tokenizes and detokenizes as the ensemble's steps do: the same greedy text, streamed and
+    not, and the same usage; the default endpoint's generations skip the ensemble, --via-ensemble's go through."""
+    answers = {}
+    for which, instance in (("direct", endpoint), ("ensemble", ensemble_endpoint)):
+        client = openai.OpenAI(base_url=instance.base_url, api_key="unused", max_retries=0, timeout=120)
+        ensemble_before = requests_served(server, MODEL)
+        whole = client.completions.create(model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
+        streamed = "".join(chunk.choices[0].text for chunk in client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True) if chunk.choices)
+        ensemble_calls = requests_served(server, MODEL) - ensemble_before
+        assert ensemble_calls == (0 if which == "direct" else 2)
+        answers[which] = (whole.choices[0].text, streamed, whole.usage.prompt_tokens, whole.usage.completion_tokens)
+    assert answers["direct"] == answers["ensemble"]
+    assert answers["direct"][0] == answers["direct"][1]
+
+
+def test_direct_path_checks_the_prompt_as_preprocessing_does(endpoint, ensemble_endpoint):
+    """A prompt over preprocessing's byte limit: the same 400 naming text_input on both paths."""
+    for instance in (endpoint, ensemble_endpoint):
+        resp = httpx.post(f"{instance.base_url}/completions", timeout=30,
+                          json={"model": MODEL, "prompt": "x" * 70_000, "max_tokens": 4})
+        assert resp.status_code == 400, resp.text
+        assert "text_input: 70000 bytes exceeds the limit" in resp.json()["error"]["message"]
 
 
 def test_response_format_json_schema_with_the_official_client(client):

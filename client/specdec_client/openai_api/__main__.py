@@ -38,6 +38,8 @@ def parser() -> argparse.ArgumentParser:
                    help="folder with the target's tokenizer files (chat template)")
     p.add_argument("--chat-template", type=Path, default=None,
                    help="a Jinja chat template file, for a target whose tokenizer has none")
+    p.add_argument("--via-ensemble", action="store_true",
+                   help="call the ensemble, not its generation step with the prompt tokenized here (triton.py)")
     p.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES)
     p.add_argument("--log-level", default="warning")
     return p
@@ -46,7 +48,9 @@ def parser() -> argparse.ArgumentParser:
 def build_app(args: argparse.Namespace) -> Any:
     tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer.is_dir() else None
     template = args.chat_template.read_text() if args.chat_template else None
-    return create_app(TritonBackend(args.triton_url, args.model), served_model=args.served_model_name or args.model,
+    backend = TritonBackend(args.triton_url, args.model, via_ensemble=args.via_ensemble,
+                            tokenizer_dir=args.tokenizer if tokenizer is not None else None)
+    return create_app(backend, served_model=args.served_model_name or args.model,
                       tokenizer=tokenizer, chat_template=template, max_body_bytes=args.max_body_bytes)
 
 
