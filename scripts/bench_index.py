@@ -18,8 +18,11 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def citations(folder: str) -> list[str]:
-    """`DOC.md § section` for every section of a document that names `folder` (as a path or in backquotes)."""
-    pattern = re.compile(r"(?<![\w-])" + re.escape(folder) + r"(?![\w-])")
+    """`DOC.md § section` for every section of a document that names `folder` as a path (`bench/FOLDER`) or in
+    backquotes (`` `FOLDER` ``; a folder named by a plain word, like `eagle`, only as a path)."""
+    name = re.escape(folder)
+    word = re.fullmatch(r"[a-z]+", folder) is not None  # `eagle`, `typical`: only as a path
+    pattern = re.compile(rf"bench/{name}(?![\w-])" + ("" if word else rf"|`{name}`"))
     found: list[str] = []
     for doc in DOCS:
         section, fenced = "", False

@@ -51,7 +51,7 @@ from typing import Any
 from specdec_client.api import generate_grpc
 from specdec_client.bench_prompts import PROMPTS_FILE, SAMPLINGS
 from specdec_client.scrape import Scrape, scrape
-from specdec_client.server import REPO_ROOT, TritonServer, free_port, model_processes
+from specdec_client.server import DRAFTER_MODELS, REPO_ROOT, TritonServer, free_port, model_processes
 
 PLAIN, SPECULATIVE = "plain", "speculative"
 DRAFTER_MODE_PREFIX = "speculative-"  # `--drafters model,eagle`: one speculative mode per drafter
@@ -92,7 +92,6 @@ def is_greedy(label: str) -> bool:
     return len(label.split()) == 1
 TARGET_BOUND_FRACTION = 0.9
 TARGET_MEMORY_OVERHEAD = 0.15  # the real-model issue: speculation costs at most 15% more memory
-DRAFTER_MODELS = ("draft_model", "eagle_draft")  # the decoders that only speculation needs
 
 
 @dataclass

@@ -28,6 +28,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specdec.drafting.spec import DRAFTER_MODELS as MODEL_OF_DRAFTER
+from specdec.drafting.spec import DrafterSpec
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL_REPOSITORY = REPO_ROOT / "model_repository"
 SHM_DIR = Path("/dev/shm")
@@ -351,8 +354,7 @@ def answer_first_request(server: TritonServer, max_tokens: int = 96) -> None:
           f"tokens/s, acceptance {stats.get('acceptance_rate', 0):.2f}]", flush=True)
 
 
-DRAFTER_MODELS = ("draft_model", "eagle_draft")  # models only speculation needs; a deployment may leave one out
-DRAFTER_MODEL_OF = {"model": "draft_model", "eagle": "eagle_draft"}  # a profile's model drafter -> its model
+DRAFTER_MODELS = tuple(MODEL_OF_DRAFTER.values())  # models only speculation needs; a deployment may leave one out
 
 
 def repository_without(repository: Path, leave_out: list[str], dest: Path) -> Path:
@@ -378,8 +380,7 @@ def drafter_models_unused(repository: Path) -> list[str]:
     profiles = yaml.safe_load((repository / "speculative_decoding" / "1" / "profiles.yaml").read_text())
     drafters = profiles.get("speculative_decoding", profiles).get("drafter", "model")
     named = set(drafters.values()) if isinstance(drafters, dict) else {drafters}
-    used = {DRAFTER_MODEL_OF[name.removesuffix("+ngram")] for name in named if name.removesuffix("+ngram") in
-            DRAFTER_MODEL_OF}
+    used = {model for name in named if (model := DrafterSpec.parse(name).triton_model) is not None}
     present = [model for model in DRAFTER_MODELS if (repository / model / "1" / "config.json").is_file()]
     if used and not used & set(present):  # the profiles' drafter model is absent: they draft with the one there is
         used = set(present[:1])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -25,32 +26,10 @@ import yaml
 
 from specdec.acceptance import ACCEPTANCE_MODES
 from specdec.drafting.ngram import PromptLookup
+from specdec.drafting.spec import DRAFTERS, LOOKUP, MODEL_DRAFTERS, DrafterSpec
 from specdec.errors import InvalidRequestError
 
 TASKS = ("json", "code", "text")
-# The draft model, the EAGLE head on target features, prompt lookup, and prompt lookup in front of either
-# model drafter (the model drafts only when the context's suffix has no earlier match).
-MODEL_DRAFTERS = ("model", "eagle")
-LOOKUP_SUFFIX = "+ngram"
-DRAFTERS = ("model", "eagle", "ngram", "model" + LOOKUP_SUFFIX, "eagle" + LOOKUP_SUFFIX)
-
-
-def model_drafter_of(drafter: str) -> str | None:
-    """The model drafter a drafter name runs (`model`, `eagle`), or None for prompt lookup alone."""
-    name = drafter.removesuffix(LOOKUP_SUFFIX)
-    return name if name in MODEL_DRAFTERS else None
-
-
-def uses_lookup(drafter: str) -> bool:
-    """Whether the drafter proposes by prompt lookup (alone, or in front of a model drafter)."""
-    return drafter == "ngram" or drafter.endswith(LOOKUP_SUFFIX)
-
-
-def with_model_drafter(drafter: str, model: str) -> str:
-    """`drafter` with its model part replaced by `model` (prompt lookup kept)."""
-    if model_drafter_of(drafter) is None:
-        return drafter
-    return model + (LOOKUP_SUFFIX if uses_lookup(drafter) else "")
 
 
 def drafters_served(eagle_head: bool, draft_model: bool = True) -> tuple[str, ...]:
@@ -58,7 +37,7 @@ def drafters_served(eagle_head: bool, draft_model: bool = True) -> tuple[str, ..
     load (a repository made for other checkpoints has no EAGLE head; one that serves only the head leaves the
     standalone draft model out, which saves that process's memory)."""
     loaded = {"eagle": eagle_head, "model": draft_model}
-    return tuple(d for d in DRAFTERS if loaded.get(model_drafter_of(d), True))
+    return tuple(d for d in DRAFTERS if (model := DrafterSpec.parse(d).model) is None or loaded[model])
 
 
 @dataclass(frozen=True)
@@ -169,11 +148,12 @@ class SpeculationConfig:
         served drafts with the other drafter model (the draft model where the EAGLE head is absent, and the
         reverse), or by prompt lookup alone where neither is loaded."""
         def served(drafter: str) -> str:
-            for model in (model_drafter_of(drafter), *MODEL_DRAFTERS):
-                candidate = with_model_drafter(drafter, model) if model else drafter
+            spec = DrafterSpec.parse(drafter)
+            for model in (spec.model, *MODEL_DRAFTERS):
+                candidate = spec.with_model(model).name if model else drafter
                 if candidate in served_drafters:
                     return candidate
-            return "ngram"
+            return LOOKUP
 
         profiles = {task: replace(profile, drafter=served(profile.drafter)) for task, profile in self.profiles.items()}
         return replace(self, profiles=profiles, served_drafters=served_drafters)
@@ -273,6 +253,11 @@ class SpeculationSettings:
     def adaptive(self) -> bool:
         return self.max_length > self.min_length
 
+    @cached_property
+    def drafter_spec(self) -> DrafterSpec:
+        """`drafter` parsed (its model drafter, whether prompt lookup proposes first)."""
+        return DrafterSpec.parse(self.drafter)
+
     def speculates_under(self, sequences: int) -> bool:
         """Whether the profile speculates with `sequences` generating on the instance."""
         return not self.max_sequences or sequences <= self.max_sequences
@@ -348,6 +333,6 @@ def resolve(config: SpeculationConfig, task: str, prompt_text: str | None, *, nu
             raise InvalidRequestError("drafter", f"{drafter!r} is not served here (served: "
                                                  f"{', '.join(config.served_drafters)})")
         settings = replace(settings, drafter=drafter)
-    if settings.drafter == "ngram":
+    if settings.drafter == LOOKUP:
         settings = replace(settings, num_candidates=1)  # prompt lookup proposes one continuation
     return settings

@@ -33,11 +33,12 @@ import numpy as np
 
 from specdec.acceptance import Verdict, greedy_verify, typical_verify
 from specdec.adaptive import AcceptanceEstimate, CostModel, choose_length, choose_lookup_length
-from specdec.config import DynamicTree, SpeculationSettings, model_drafter_of, uses_lookup
+from specdec.config import DynamicTree, SpeculationSettings
 from specdec.drafting.base import Proposal, extended, pruned
 from specdec.drafting.draft_model import DraftModelDrafter
 from specdec.drafting.eagle import EagleDrafter
 from specdec.drafting.ngram import NgramDrafter
+from specdec.drafting.spec import DRAFTER_MODELS
 from specdec.engines import StepRequest, StepResult
 from specdec.errors import InvalidRequestError
 from specdec.fallback import FallbackMonitor
@@ -258,7 +259,8 @@ class _Run:
         # The drafter that keeps a KV slot: the draft model, or the EAGLE head (which also needs the target's
         # features of every committed token: `eagle`).
         self.model_drafter: DraftModelDrafter | EagleDrafter | None = None
-        model = model_drafter_of(self.settings.drafter)
+        drafter = self.settings.drafter_spec
+        model = drafter.model
         if model == "model":
             self.model_drafter = DraftModelDrafter(self.backend, sequence_id)
         elif model == "eagle":
@@ -268,9 +270,9 @@ class _Run:
         # `lookup_length` tokens, and the model drafts only when the context's suffix has no earlier match.
         self.lookup: NgramDrafter | None = None
         self.lookup_length = 0
-        if self.settings.drafter == "ngram":
+        if drafter.model is None:
             self.lookup = NgramDrafter()
-        elif uses_lookup(self.settings.drafter):
+        elif drafter.lookup:
             options = self.settings.prompt_lookup
             self.lookup = NgramDrafter(options.max_ngram, options.min_ngram)
             self.lookup_length = options.length
@@ -562,7 +564,7 @@ class _Run:
 
     @property
     def _drafter_model(self) -> str:
-        return "eagle_draft" if self.eagle is not None else "draft_model"
+        return DRAFTER_MODELS["eagle" if self.eagle is not None else "model"]
 
     def _verify(self, proposal: Proposal, result: StepResult) -> tuple[Verdict, np.ndarray | None]:
         """The verdict, and the rows it read (processed; None where the target's greedy tokens sufficed)."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdec.drafting.spec import DRAFTER_MODELS
+
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -162,6 +164,6 @@ MODEL_NAMES = {
     "speculative_decoding": "speculative_decoding",
     "postprocessing": "postprocessing",
     "target": "target_model",
-    "draft": "draft_model",
-    "eagle": "eagle_draft",
+    "draft": DRAFTER_MODELS["model"],
+    "eagle": DRAFTER_MODELS["eagle"],
 }
