@@ -4,6 +4,8 @@ onnxruntime runtime the server uses. Prints ms per forward, per sequence, tokens
 the cores the process kept busy meanwhile. With `--compare-copy`, a second runtime whose graph copies each
 layer's context (as before the in-place binding, specdec.runtime.onnx_llama.graph_writing_in_place) runs the
 same forwards, interleaved.
+
+    python build/measure_batch_forward.py --context 200 --batches 1,2,4,8,16,32,64 --widths 1,5
 """
 
 from __future__ import annotations

@@ -96,20 +96,16 @@ def classify(message: str) -> int:
     return 500
 
 
-def _tensor(name: str, value: Any) -> grpcclient.InferInput:
-    if name in LIST_INPUT_DTYPES or name in INPUT_DTYPES:
-        array = input_array(name, value)
-    else:  # the endpoint's own flags (stream, return_num_*_tokens)
-        array = np.array([[value]], dtype=np.bool_)
-    tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-    tensor.set_data_from_numpy(array)
-    return tensor
-
-
 def _array_tensor(name: str, array: np.ndarray) -> grpcclient.InferInput:
     tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
     tensor.set_data_from_numpy(array)
     return tensor
+
+
+def _tensor(name: str, value: Any) -> grpcclient.InferInput:
+    if name in LIST_INPUT_DTYPES or name in INPUT_DTYPES:
+        return _array_tensor(name, input_array(name, value))
+    return _array_tensor(name, np.array([[value]], dtype=np.bool_))  # the endpoint's own flags (stream, return_*)
 
 
 def _ints(result: Any, name: str) -> list[int]:
