@@ -5,7 +5,8 @@ Traffic goes through nginx while one replica is stopped mid-run, three ways:
 - drain: the replica leaves nginx (reload), then gets SIGTERM (a rolling update): nothing may fail;
 - sigterm: SIGTERM only. tritonserver drains what it holds and drops new HTTP connections, which nginx
   re-sends to the survivor; gRPC requests reaching it during its final unload get NOT_FOUND in a normal gRPC
-  response that nginx cannot retry (the reason to drain first): only those may fail;
+  response that nginx cannot retry (the reason to drain first), or CANCELLED when its gRPC server resets a
+  call it had just accepted as it shuts down: only those may fail;
 - crash: SIGKILL of the server and its model processes: only requests in flight on it may fail, with
   502 Bad Gateway (HTTP) or UNAVAILABLE (gRPC).
 In every case, requests sent after the replica is gone all succeed on the survivor.
@@ -242,7 +243,12 @@ def test_traffic_survives_losing_a_replica(two_replicas_behind_nginx, mode: str)
         if r.proto == "http":
             assert r.error.startswith("HTTP 502"), r.error
         else:
-            assert r.error.startswith(("StatusCode.UNAVAILABLE", "StatusCode.NOT_FOUND")), r.error
+            # CANCELLED: tritonserver's gRPC server, shutting down, resets a call it had just accepted
+            # (seen once in CI, sigterm mode); nginx passes the reset on.
+            allowed = ("StatusCode.UNAVAILABLE", "StatusCode.NOT_FOUND")
+            if mode == "sigterm":
+                allowed += ("StatusCode.CANCELLED",)
+            assert r.error.startswith(allowed), r.error
 
     def first_upstream(r: Result) -> str:
         return log[r.rid]["upstreams"].split(",")[0].strip() if r.rid in log else ""
@@ -258,11 +264,12 @@ def test_traffic_survives_losing_a_replica(two_replicas_behind_nginx, mode: str)
         # tritonserver drains what it holds; nginx re-sends the HTTP requests it drops. gRPC requests that
         # reach it while it drains get NOT_FOUND ("... has no available versions") in a normal gRPC
         # response, which nginx cannot tell from an answer: the reason to drain nginx (or let Kubernetes
-        # remove the endpoint, preStop) before SIGTERM.
+        # remove the endpoint, preStop) before SIGTERM. A call its gRPC server had just accepted as it shut
+        # down is reset: CANCELLED.
         assert all(r.pid == victim_pid for r in long_on_victim), _summary(long_on_victim)
         assert not [r for r in failures if r.proto == "http"], _summary(failures)
         for r in failures:
-            assert "has no available versions" in r.error, r
+            assert "has no available versions" in r.error or r.error.startswith("StatusCode.CANCELLED"), r
     else:
         # A long request on the crashed replica was older than the retry window: it fails, it is not re-run.
         assert all(r.error is not None for r in long_on_victim), _summary(long_on_victim)
