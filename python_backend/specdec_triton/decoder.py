@@ -18,6 +18,7 @@ from specdec.kv_memory import KVPoolConfig
 from specdec.metrics import KV_BLOCKS_IN_USE, KV_BYTES_IN_USE, KV_SLOTS_IN_USE, BatchCounter, ProcessMetrics
 from specdec.packing import PackedSteps, pack_results, unpack_steps
 from specdec.runtime import build_served_runtime
+from specdec.runtime.heap import keep_freed_memory
 from specdec.sampling import SamplingParams
 
 from specdec_triton import contract as c
@@ -114,6 +115,8 @@ class DecoderModel:
     the EAGLE head is a draft whose runtime reads features)."""
 
     def initialize(self, args: dict) -> None:
+        if not keep_freed_memory():
+            pb_utils.Logger.log_warn(f"{args['model_name']}: not glibc; freed memory goes back to the kernel")
         params = model_parameters(args)
         device = params.get("device", "cpu")
         if device == "cuda" and args.get("model_instance_kind") == "GPU":  # the GPU of this instance (`gpus`)

@@ -32,7 +32,10 @@ def test_a_buffer_places_its_sequences_newcomers_and_fillers():
     assert buffer.place([4, 7], 10, 1, held, max_fillers=0) is None and buffer.is_subset([4, 7])  # too many fillers
     assert buffer.place([4, 7], 10, 1, held, max_fillers=1) == [0, 1]  # slot 9 sits out: its column a filler
     assert buffer.fillers([0, 1]) == [2]
-    assert buffer.place([4, 7], 10, 60, held, max_fillers=1) is None  # a filler 60 wide would write slot 9's rows
+    # A filler 60 wide would write slot 9's rows: slot 9 loses its column (gathered when it next joins).
+    assert buffer.place([4, 7], 10, 60, held, max_fillers=1) == [0, 1] and buffer.columns == [4, 7, None]
+    assert buffer.place([9, 4, 7], 64, 1, held, max_fillers=0) == [2, 0, 1] and buffer.stale == {2}
+    buffer.stale.clear()
     assert buffer.place([4, 7, 9, 11], 10, 1, held, max_fillers=3) is None and not buffer.is_subset([4, 7, 9, 11])
     buffer.forget(7)
     assert buffer.place([4, 9, 3, 5], 10, 1, held, max_fillers=3) is None  # two newcomers, one dead column
@@ -129,6 +132,14 @@ def test_forwards_through_the_buffer_equal_exact_gathers_bit_for_bit(tmp_path):
     assert kept._context_buffer.width == width
     step([0, 3, 2])  # past the width: a wider buffer
     assert kept._context_buffer.width == buffer_width(width + 1)
+    width = kept._context_buffer.width
+    pad = width - lengths[2] + 1  # a chunk this wide from slots 0 and 3: its filler would write slot 2's rows
+    assert max(lengths[0], lengths[3]) + pad <= width
+    step([0, 3], width=pad)
+    assert kept._context_buffer.columns == [0, 3, None]  # slot 2 lost its column, not the batch its buffer
+    gathered = kept.gathered
+    step([0, 3, 2])  # slot 2 back: its column gathered again, alone
+    assert kept._context_buffer.columns == [0, 3, 2] and kept.gathered - gathered == width
     for slot in (0, 3, 2):  # the wave ends: the buffer's memory goes back with its last sequence
         assert kept._context_buffer is not None
         kept.release(slot)

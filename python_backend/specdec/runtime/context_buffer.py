@@ -71,8 +71,9 @@ class ContextBuffer:
         `pad` new tokens wide (the batch's widest item), with the other columns run as (at most `max_fillers`)
         fillers; else None.
         Newcomers take dead columns, then the columns of live sequences absent from the batch (which become
-        stale, theirs forgotten). A filler over a live sequence's column writes rows `width - pad ..`, so the
-        sequence must hold fewer rows (`rows_held`) than that. Does not change the buffer when it returns None."""
+        stale, theirs forgotten). A filler over a live sequence's column writes rows `width - pad ..`: a
+        sequence that holds more rows (`rows_held`) loses its column (it is gathered again when it next joins,
+        one column, where refusing gathered the whole batch). Does not change the buffer when it returns None."""
         if rows > self.width or len(set(slots)) != len(slots) or len(slots) > len(self.columns):
             return None
         if len(self.columns) - len(slots) > max_fillers:
@@ -86,9 +87,11 @@ class ContextBuffer:
         if len(taken) < len(newcomers):
             return None
         fillers = set(free + absent) - set(taken)
-        if any(self.columns[col] is not None and rows_held(self.columns[col]) > self.width - pad
-               for col in fillers):
-            return None
+        for col in fillers:
+            if self.columns[col] is not None and rows_held(self.columns[col]) > self.width - pad:
+                live.pop(self.columns[col])
+                self.columns[col] = None
+                self.stale.discard(col)
         for slot, col in zip(newcomers, taken, strict=True):
             live.pop(self.columns[col], None)
             self.columns[col] = slot
