@@ -171,3 +171,36 @@ def test_a_prompt_chunk_beside_decode_steps_runs_as_its_own_forward(tmp_path):
     together = batch(items)  # all four in one padded forward
     for g, w in zip(got, together, strict=True):
         assert np.array_equal(g, w.logits)
+
+
+def test_a_few_sequences_beside_the_wave_leave_its_buffer_in_place(tmp_path):
+    """A small batch with a sequence the buffer does not hold (a newcomer's first steps beside a running wave)
+    gathers its own context and keeps the wave's buffer; logits as from exact gathers, bit for bit."""
+    kept = CountingRuntime(TARGET, num_slots=6, max_length=256, num_threads=1, engine_dir=tmp_path)
+    exact = OnnxLlamaRuntime(TARGET, num_slots=6, max_length=256, num_threads=1, engine_dir=tmp_path)
+    exact.keeps_context = False
+    rng = np.random.default_rng(5)
+    lengths = dict.fromkeys(range(6), 0)
+
+    def step(slots: list[int], width: int = 1) -> None:
+        items = [ForwardItem(s, lengths[s], rng.integers(3, kept.vocab_size, width), num_logits=width) for s in slots]
+        for item, g, w in zip(items, kept.forward(items), exact.forward(items), strict=True):
+            assert np.array_equal(g, w), f"slot {item.slot}: max |diff| {np.abs(g - w).max()}"
+        for s in slots:
+            lengths[s] += width
+
+    for slot in range(5):
+        step([slot], 5 + 3 * slot)
+    wave = [0, 1, 2, 3, 4]
+    step(wave)
+    buffer = kept._context_buffer
+    assert buffer is not None and buffer.columns == wave
+    step([5], 7)  # a newcomer's prompt
+    gathered = kept.gathered
+    step([0, 5])  # its first step beside one of the wave's sequences: two columns gathered, the buffer kept
+    assert kept._context_buffer is buffer and buffer.columns == wave
+    assert kept.gathered - gathered == 2 * max(lengths[0], lengths[5])
+    step(wave)  # the wave again: its buffer, slot 0's new row mirrored into it
+    assert kept._context_buffer is buffer
+    step([*wave, 5])  # the newcomer joins the wave: no column free, a new buffer
+    assert kept._context_buffer.columns == [*wave, 5]

@@ -59,6 +59,11 @@ class ContextBuffer:
     def nbytes(self) -> int:
         return int(self.keys.nbytes + self.values.nbytes)
 
+    @property
+    def live_columns(self) -> int:
+        """Columns held by a live sequence."""
+        return sum(slot is not None for slot in self.columns)
+
     def column_of(self, slot: int) -> int | None:
         try:
             return self.columns.index(slot)

@@ -181,7 +181,11 @@ class SlottedGraphRuntime(DecoderRuntime):
             max_fillers = len(items) // 2 if buffer is not None and buffer.width <= self.max_length else 0
             columns = (buffer.place(slots, rows, pad, self.kv.rows_held, max_fillers) if buffer is not None
                        else None)
-            if columns is None and not (buffer is not None and buffer.is_subset(slots)):
+            # A batch the buffer cannot place gathers a new one, unless it is part of the buffer's wave (a subset)
+            # or a few sequences beside it (fewer than half its live columns: newcomers' first steps, stragglers),
+            # which gather their own context and leave the wave's buffer in place.
+            if columns is None and not (buffer is not None and (buffer.is_subset(slots)
+                                                                or 2 * len(slots) < buffer.live_columns)):
                 self._context_buffer = buffer = None  # freed before the new one is gathered
                 self._context_buffer = buffer = ContextBuffer(list(slots), *self._gather_context(
                     slots, buffer_width(rows)))
