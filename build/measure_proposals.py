@@ -70,11 +70,11 @@ class RecordingBackend(InProcessBackend):
             self.target_calls.append((len(request.input_ids), time.perf_counter() - started))
         return result
 
-    async def eagle_step(self, request: StepRequest) -> StepResult:
+    async def drafter_step(self, drafter: str, request: StepRequest) -> StepResult:
         if request.num_draft_tokens and self.confidence:
             request.want_logits = True
         started = time.perf_counter()
-        result = await super().eagle_step(request)
+        result = await super().drafter_step(drafter, request)
         if request.num_draft_tokens:
             # The head's forwards: one per kept token, and one more that scored a token dropped by the floor.
             kept = len(result.token_ids)

@@ -34,11 +34,10 @@ import numpy as np
 from specdec.acceptance import Verdict, greedy_verify, typical_verify
 from specdec.adaptive import AcceptanceEstimate, CostModel, choose_length, choose_lookup_length
 from specdec.config import DynamicTree, SpeculationSettings
-from specdec.drafting.base import Proposal, extended, pruned
-from specdec.drafting.draft_model import DraftModelDrafter
-from specdec.drafting.eagle import EagleDrafter
+from specdec.drafting.base import ModelDrafter, Proposal, extended, pruned
+from specdec.drafting.models import build_model_drafter
 from specdec.drafting.ngram import NgramDrafter
-from specdec.drafting.spec import DRAFTER_MODELS
+from specdec.drafting.spec import DRAFTER_MODELS, ModelDrafterName
 from specdec.engines import StepRequest, StepResult
 from specdec.errors import InvalidRequestError
 from specdec.fallback import FallbackMonitor
@@ -61,9 +60,9 @@ class ModelBackend(Protocol):
         """A wave of steps of different sequences, served together where the backend can."""
         ...
 
-    async def draft_step(self, request: StepRequest) -> StepResult: ...
-
-    async def eagle_step(self, request: StepRequest) -> StepResult: ...
+    async def drafter_step(self, drafter: ModelDrafterName, request: StepRequest) -> StepResult:
+        """A step of a model drafter's model (`model`: the draft model, `eagle`: the EAGLE head)."""
+        ...
 
 
 @dataclass
@@ -256,16 +255,10 @@ class _Run:
         self.length_costs = CostModel() if self.load_independent else gen.costs
         self.monitor = gen.monitors.get(self.settings.task)
         self.speculate = self.settings.enabled
-        # The drafter that keeps a KV slot: the draft model, or the EAGLE head (which also needs the target's
-        # features of every committed token: `eagle`).
-        self.model_drafter: DraftModelDrafter | EagleDrafter | None = None
+        # The drafter that runs a model and keeps a KV slot (specdec.drafting.base.ModelDrafter), if any.
         drafter = self.settings.drafter_spec
-        model = drafter.model
-        if model == "model":
-            self.model_drafter = DraftModelDrafter(self.backend, sequence_id)
-        elif model == "eagle":
-            self.model_drafter = EagleDrafter(self.backend, sequence_id)
-        self.eagle = self.model_drafter if isinstance(self.model_drafter, EagleDrafter) else None
+        self.model_drafter: ModelDrafter | None = (
+            build_model_drafter(drafter.model, self.backend, sequence_id) if drafter.model is not None else None)
         # Prompt lookup: alone it proposes k tokens; in front of a model drafter it proposes first, up to
         # `lookup_length` tokens, and the model drafts only when the context's suffix has no earlier match.
         self.lookup: NgramDrafter | None = None
@@ -324,29 +317,31 @@ class _Run:
                 num_hidden=(end - start) if self._want_features else 0, want_logits=last and self.rows_always,
                 sampling=self._plain_draw() if last else SamplingParams(),
             ), end - start)
-            if len(chunks) > 1 and self.speculate and self.model_drafter is not None and self.eagle is None:
+            drafter = self.model_drafter if len(chunks) > 1 and self.speculate else None
+            if drafter is not None and not drafter.reads_target_features:  # beside the target's chunk
                 result, _ = await asyncio.gather(step, self._prefill_draft(end))
             else:
                 result = await step
             self._keep_features(start, result.hidden)
-            if self.eagle is not None and len(chunks) > 1 and not last:
-                await self._prefill_draft(end)  # the head's rows of this chunk need its features: after it
+            if drafter is not None and drafter.reads_target_features and not last:
+                await self._prefill_draft(end)  # its rows of this chunk need the target's features: after it
             self.target_valid = end
         return result
 
     @property
     def _want_features(self) -> bool:
-        """The target returns the features of its inputs while an EAGLE head drafts for this sequence."""
-        return self.eagle is not None and self.speculate
+        """The target returns the features of its inputs while a drafter that reads them (the EAGLE head)
+        drafts for this sequence."""
+        return self.model_drafter is not None and self.model_drafter.reads_target_features and self.speculate
 
     def _keep_features(self, first_position: int, rows: np.ndarray | None) -> None:
         if self._want_features:
             if rows is None:
-                raise StepError("target_model returned no hidden states for the EAGLE head")
-            self.eagle.add_features(first_position, rows)
+                raise StepError(f"target_model returned no hidden states for {self._drafter_model}")
+            self.model_drafter.add_features(first_position, rows)
 
     async def _prefill_draft(self, end: int) -> None:
-        """The draft model's rows of the prompt up to `end` (a failure degrades to plain decoding)."""
+        """The model drafter's rows of the prompt up to `end` (a failure degrades to plain decoding)."""
         assert self.model_drafter is not None
         if not self.speculate:
             return
@@ -452,12 +447,12 @@ class _Run:
         return min(k, self._length_cap() // max(s.num_candidates, 1))
 
     def _dynamic_tree(self) -> DynamicTree | None:
-        """The profile's dynamic tree where this request drafts one: with the EAGLE head, drafting greedily (a
-        sampled request under rejection sampling keeps the profile's chains), while no more sequences are
-        generating than the tree's `max_sequences`."""
+        """The profile's dynamic tree where this request drafts one: with a drafter that drafts trees (the EAGLE
+        head), drafting greedily (a sampled request under rejection sampling keeps the profile's chains), while
+        no more sequences are generating than the tree's `max_sequences`."""
         tree = self.settings.tree
         greedy_drafting = self.settings.acceptance != "rejection" or self.sampling.greedy
-        if tree is None or self.eagle is None or not greedy_drafting:
+        if tree is None or self.model_drafter is None or not self.model_drafter.drafts_trees or not greedy_drafting:
             return None
         return tree if self.load_independent or tree.serves(self.gen.sequences) else None
 
@@ -543,9 +538,9 @@ class _Run:
         started = self.gen._clock()
         try:
             if tree is not None:
-                proposal = await self.eagle.propose(self.tokens, k, tree.width, draft_sampling, want_probs=False,
-                                                    min_confidence=tree.min_probability,
-                                                    tree_nodes=min(tree.nodes, self._length_cap()))
+                proposal = await self.model_drafter.propose(self.tokens, k, tree.width, draft_sampling,
+                                                            want_probs=False, min_confidence=tree.min_probability,
+                                                            tree_nodes=min(tree.nodes, self._length_cap()))
             else:
                 proposal = await self.model_drafter.propose(self.tokens, k, self.settings.num_candidates,
                                                             draft_sampling, want_probs=lossless_sampling,
@@ -564,7 +559,7 @@ class _Run:
 
     @property
     def _drafter_model(self) -> str:
-        return DRAFTER_MODELS["eagle" if self.eagle is not None else "model"]
+        return DRAFTER_MODELS[self.model_drafter.name] if self.model_drafter is not None else "no model drafter"
 
     def _verify(self, proposal: Proposal, result: StepResult) -> tuple[Verdict, np.ndarray | None]:
         """The verdict, and the rows it read (processed; None where the target's greedy tokens sufficed)."""

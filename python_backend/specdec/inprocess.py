@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from specdec.drafting.spec import DRAFTER_MODELS, ModelDrafterName
 from specdec.engines import DraftEngine, StepRequest, StepResult, TargetEngine
 
 
@@ -27,15 +28,11 @@ class InProcessBackend:
     async def target_steps(self, requests: list[StepRequest]) -> list[StepResult]:
         return [await self.target_step(request) for request in requests]  # each alone, as target_step
 
-    async def draft_step(self, request: StepRequest) -> StepResult:
-        if self.draft is None:
-            raise RuntimeError("no draft model is loaded")
-        return self.draft.step([request])[0]
-
-    async def eagle_step(self, request: StepRequest) -> StepResult:
-        if self.eagle is None:
-            raise RuntimeError("no EAGLE head is loaded")
-        return self.eagle.step([request])[0]
+    async def drafter_step(self, drafter: ModelDrafterName, request: StepRequest) -> StepResult:
+        engine = {"model": self.draft, "eagle": self.eagle}[drafter]
+        if engine is None:
+            raise RuntimeError(f"no {DRAFTER_MODELS[drafter]} is loaded")
+        return engine.step([request])[0]
 
 
 class _Batcher:
@@ -82,8 +79,9 @@ class BatchingBackend:
                  on_batch: Callable[[str, list[StepRequest]], None] = lambda model, requests: None,
                  eagle: DraftEngine | None = None) -> None:
         self._target = _Batcher(target, lambda requests: on_batch("target", requests))
-        self._draft = _Batcher(draft, lambda requests: on_batch("draft", requests)) if draft is not None else None
-        self._eagle = _Batcher(eagle, lambda requests: on_batch("eagle", requests)) if eagle is not None else None
+        self._drafters = {name: _Batcher(engine, lambda requests, label=label: on_batch(label, requests))
+                          for name, label, engine in (("model", "draft", draft), ("eagle", "eagle", eagle))
+                          if engine is not None}
 
     async def target_step(self, request: StepRequest) -> StepResult:
         return await self._target.submit(request)
@@ -91,12 +89,7 @@ class BatchingBackend:
     async def target_steps(self, requests: list[StepRequest]) -> list[StepResult]:
         return await self._target.submit_all(requests)
 
-    async def draft_step(self, request: StepRequest) -> StepResult:
-        if self._draft is None:
-            raise RuntimeError("no draft model is loaded")
-        return await self._draft.submit(request)
-
-    async def eagle_step(self, request: StepRequest) -> StepResult:
-        if self._eagle is None:
-            raise RuntimeError("no EAGLE head is loaded")
-        return await self._eagle.submit(request)
+    async def drafter_step(self, drafter: ModelDrafterName, request: StepRequest) -> StepResult:
+        if drafter not in self._drafters:
+            raise RuntimeError(f"no {DRAFTER_MODELS[drafter]} is loaded")
+        return await self._drafters[drafter].submit(request)

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from specdec.drafting.spec import DRAFTER_MODELS, ModelDrafterName
 from specdec.engines import StepRequest, StepResult
 from specdec.errors import SpecDecError
 from specdec.packing import PackedResults, pack_steps, packable, unpack_results
@@ -23,11 +24,8 @@ from specdec_triton.tensors import ids_tensor, value_tensor
 class BlsModelBackend:
     """`pack_waves`: a wave's target steps that can (specdec.packing.packable) go as one request."""
 
-    def __init__(self, target_model: str = MODEL_NAMES["target"], draft_model: str = MODEL_NAMES["draft"],
-                 eagle_model: str = MODEL_NAMES["eagle"], pack_waves: bool = False) -> None:
+    def __init__(self, target_model: str = MODEL_NAMES["target"], pack_waves: bool = False) -> None:
         self.target_model = target_model
-        self.draft_model = draft_model
-        self.eagle_model = eagle_model
         self.pack_waves = pack_waves
 
     async def target_step(self, request: StepRequest) -> StepResult:
@@ -80,11 +78,8 @@ class BlsModelBackend:
             [error.decode() if isinstance(error, bytes) else str(error) for error in errors],
         ))
 
-    async def draft_step(self, request: StepRequest) -> StepResult:
-        return await self._call(self.draft_model, request)
-
-    async def eagle_step(self, request: StepRequest) -> StepResult:
-        return await self._call(self.eagle_model, request)
+    async def drafter_step(self, drafter: ModelDrafterName, request: StepRequest) -> StepResult:
+        return await self._call(DRAFTER_MODELS[drafter], request)
 
     async def _call(self, model: str, step: StepRequest) -> StepResult:
         inputs = [ids_tensor("input_ids", step.input_ids), value_tensor("past_length", step.past_length, np.int32)]

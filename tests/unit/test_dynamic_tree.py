@@ -158,14 +158,13 @@ def test_sampled_requests_and_the_draft_model_keep_chains(tiny_pair, tiny_eagle,
     from specdec.sampling import SamplingParams as Sampling
 
     calls: list[StepRequest] = []
-    for method in ("eagle_step", "draft_step"):
-        original = getattr(InProcessBackend, method)
+    original = InProcessBackend.drafter_step
 
-        async def recording(self, request, original=original):
-            calls.append(request)
-            return await original(self, request)
+    async def recording(self, drafter, request):
+        calls.append(request)
+        return await original(self, drafter, request)
 
-        monkeypatch.setattr(InProcessBackend, method, recording)
+    monkeypatch.setattr(InProcessBackend, "drafter_step", recording)
     tree = DynamicTree(6, 3, 2, 0.0)
     for drafter, acceptance, sampling in (("eagle", "rejection", Sampling(0.8, seed=3)), ("model", "greedy",
                                                                                         Sampling())):
@@ -184,13 +183,14 @@ def test_sampled_requests_and_the_draft_model_keep_chains(tiny_pair, tiny_eagle,
 
 def _recording(monkeypatch) -> list[StepRequest]:
     calls: list[StepRequest] = []
-    original = InProcessBackend.eagle_step
+    original = InProcessBackend.drafter_step
 
-    async def recording(self, request):
-        calls.append(request)
-        return await original(self, request)
+    async def recording(self, drafter, request):
+        if drafter == "eagle":
+            calls.append(request)
+        return await original(self, drafter, request)
 
-    monkeypatch.setattr(InProcessBackend, "eagle_step", recording)
+    monkeypatch.setattr(InProcessBackend, "drafter_step", recording)
     return calls
 
 

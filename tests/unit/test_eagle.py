@@ -178,7 +178,9 @@ def test_lookup_in_front_of_the_head_equals_plain_and_keeps_its_features(tiny_pa
 
 
 class FailingEagle(InProcessBackend):
-    async def eagle_step(self, request: StepRequest) -> StepResult:
+    async def drafter_step(self, drafter, request: StepRequest) -> StepResult:
+        if drafter != "eagle":
+            return await super().drafter_step(drafter, request)
         if request.end:
             return StepResult()
         return StepResult(error=InvalidRequestError("features", "the head is broken"))

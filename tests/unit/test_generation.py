@@ -84,7 +84,7 @@ def test_prompt_plus_max_tokens_beyond_context_is_rejected(backend):
 
 def test_failing_draft_falls_back_to_plain_decoding(backend):
     class BrokenDraft(InProcessBackend):
-        async def draft_step(self, request: StepRequest):
+        async def drafter_step(self, drafter, request: StepRequest):
             raise RuntimeError("draft unavailable")
 
     broken = BrokenDraft(backend.target, backend.draft)

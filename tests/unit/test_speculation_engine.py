@@ -176,11 +176,11 @@ def test_an_expired_draft_slot_is_started_again(backend):
     class ExpiringDraft(InProcessBackend):
         calls = 0
 
-        async def draft_step(self, request: StepRequest):
+        async def drafter_step(self, drafter, request: StepRequest):
             self.calls += 1
             if self.calls == 3 and not request.end:  # the slot vanished between two proposals
                 backend.draft.slots.release(request.sequence_id)
-            return await super().draft_step(request)
+            return await super().drafter_step(drafter, request)
 
     expiring = ExpiringDraft(backend.target, backend.draft)
     stats = GenerationStats()

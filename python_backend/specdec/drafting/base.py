@@ -1,11 +1,15 @@
-"""What a drafter returns."""
+"""What a drafter returns, and what the generation loop asks of a drafter that runs a model."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from specdec.sampling import SamplingParams
 
 
 @dataclass
@@ -70,3 +74,39 @@ def extended(chain: Proposal, tokens: Sequence[int]) -> Proposal:
         probs = np.concatenate([probs, one_hot])
     count = len(chain.tokens) + len(tokens)
     return Proposal([*chain.tokens, *map(int, tokens)], list(range(-1, count - 1)), count, probs)
+
+
+class ModelDrafter(Protocol):
+    """A drafter that runs a model on the server and keeps one KV slot per sequence (the draft model, the EAGLE
+    head). The generation loop drives every one the same way; what differs is said by these class attributes.
+
+    `name`: its key in specdec.drafting.spec.DRAFTER_MODELS (the Triton model it calls).
+    `reads_target_features`: it needs the target's features of every committed token (`add_features`), so the
+    target returns them, and a long prompt's chunk is written here only after the target's rows of it.
+    `drafts_trees`: it can draft a profile's dynamic tree (`tree_nodes`)."""
+
+    name: ClassVar[str]
+    reads_target_features: ClassVar[bool]
+    drafts_trees: ClassVar[bool]
+    started: bool
+
+    async def propose(self, tokens: list[int], k: int, candidates: int, sampling: SamplingParams,
+                      want_probs: bool, min_confidence: float = 0.0, tree_nodes: int = 0) -> Proposal:
+        """k tokens (or `candidates` chains of k, or a dynamic tree of `tree_nodes`) after `tokens`."""
+        ...
+
+    async def prefill(self, tokens: list[int]) -> None:
+        """Write the rows of `tokens` without proposing (a chunk of a long prompt)."""
+        ...
+
+    def add_features(self, first_position: int, rows: np.ndarray) -> None:
+        """The target's features of positions `first_position ..` (where `reads_target_features`)."""
+        ...
+
+    def verified(self, accepted: int) -> None:
+        """After verification: `accepted` of the last proposal's tokens were kept."""
+        ...
+
+    async def release(self) -> None:
+        """End the sequence's slot."""
+        ...

@@ -15,7 +15,11 @@ def slot_lost(message: str) -> bool:
 
 
 class DraftModelDrafter:
-    """Per-sequence state of the draft model's KV slot: `valid` leading tokens have valid rows."""
+    """Per-sequence state of the draft model's KV slot: `valid` leading tokens have valid rows (a ModelDrafter)."""
+
+    name = "model"
+    reads_target_features = False
+    drafts_trees = False  # a tree of chains (`candidates`), not a dynamic tree
 
     def __init__(self, backend, sequence_id: int) -> None:
         self.backend = backend
@@ -26,7 +30,9 @@ class DraftModelDrafter:
         self._chain_depth = 0
 
     async def propose(self, tokens: list[int], k: int, candidates: int, sampling: SamplingParams,
-                      want_probs: bool, min_confidence: float = 0.0) -> Proposal:
+                      want_probs: bool, min_confidence: float = 0.0, tree_nodes: int = 0) -> Proposal:
+        if tree_nodes:
+            raise ValueError("the draft model drafts chains, not dynamic trees")
         start = not self.started
         self.started = True  # END at release even if this call fails: a failed START can still hold a KV slot
         result = await self._draft(tokens, start, k, candidates, sampling, want_probs, min_confidence)
@@ -45,7 +51,7 @@ class DraftModelDrafter:
 
     async def _draft(self, tokens: list[int], start: bool, k: int, candidates: int, sampling: SamplingParams,
                      want_probs: bool, min_confidence: float):
-        return await self.backend.draft_step(StepRequest(
+        return await self.backend.drafter_step(self.name, StepRequest(
             self.sequence_id, past_length=self.valid, input_ids=np.asarray(tokens[self.valid:]),
             start=start, num_draft_tokens=k, num_candidates=candidates, sampling=sampling,
             want_logits=want_probs, min_confidence=min_confidence,
@@ -55,11 +61,14 @@ class DraftModelDrafter:
         """Write the rows of `tokens` past the valid ones without proposing (a chunk of a long prompt)."""
         start = not self.started
         self.started = True
-        result = await self.backend.draft_step(StepRequest(
+        result = await self.backend.drafter_step(self.name, StepRequest(
             self.sequence_id, past_length=self.valid, input_ids=np.asarray(tokens[self.valid:]), start=start))
         if result.error is not None:
             raise RuntimeError(f"draft_model: {result.error}")
         self.valid = len(tokens)
+
+    def add_features(self, first_position: int, rows: np.ndarray) -> None:
+        """The draft model reads no target features."""
 
     def verified(self, accepted: int) -> None:
         """After verification: a chain's rows up to the first rejected token stay valid (its last token
@@ -72,5 +81,5 @@ class DraftModelDrafter:
 
     async def release(self) -> None:
         if self.started:
-            await self.backend.draft_step(StepRequest(self.sequence_id, end=True))
+            await self.backend.drafter_step(self.name, StepRequest(self.sequence_id, end=True))
             self.started = False

@@ -24,7 +24,12 @@ from specdec.sampling import SamplingParams, probabilities
 
 
 class EagleDrafter:
-    """Per-sequence state of the EAGLE head's slot and of the target features it has not been sent yet."""
+    """Per-sequence state of the EAGLE head's slot and of the target features it has not been sent yet (a
+    ModelDrafter)."""
+
+    name = "eagle"
+    reads_target_features = True
+    drafts_trees = True
 
     def __init__(self, backend, sequence_id: int) -> None:
         self.backend = backend
@@ -63,7 +68,7 @@ class EagleDrafter:
         self.started = True  # END at release even if this call fails: a failed START can still hold a KV slot
         upto = len(tokens) - 1
         input_ids, features = self._input(tokens, upto)
-        result = await self.backend.eagle_step(StepRequest(
+        result = await self.backend.drafter_step(self.name, StepRequest(
             self.sequence_id, past_length=self.valid, input_ids=input_ids, start=start, num_draft_tokens=k,
             num_candidates=candidates, sampling=sampling, want_logits=want_probs, features=features,
             min_confidence=min_confidence, tree_nodes=tree_nodes,
@@ -87,7 +92,7 @@ class EagleDrafter:
         start = not self.started
         self.started = True
         input_ids, features = self._input(tokens, upto)
-        result = await self.backend.eagle_step(StepRequest(
+        result = await self.backend.drafter_step(self.name, StepRequest(
             self.sequence_id, past_length=self.valid, input_ids=input_ids, start=start, features=features))
         if result.error is not None:
             raise RuntimeError(f"eagle_draft: {result.error}")
@@ -98,5 +103,5 @@ class EagleDrafter:
 
     async def release(self) -> None:
         if self.started:
-            await self.backend.eagle_step(StepRequest(self.sequence_id, end=True))
+            await self.backend.drafter_step(self.name, StepRequest(self.sequence_id, end=True))
             self.started = False

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-ModelDrafter = Literal["model", "eagle"]
-MODEL_DRAFTERS: tuple[ModelDrafter, ...] = ("model", "eagle")
-DRAFTER_MODELS: dict[ModelDrafter, str] = {"model": "draft_model", "eagle": "eagle_draft"}
+ModelDrafterName = Literal["model", "eagle"]
+MODEL_DRAFTERS: tuple[ModelDrafterName, ...] = ("model", "eagle")
+DRAFTER_MODELS: dict[ModelDrafterName, str] = {"model": "draft_model", "eagle": "eagle_draft"}
 LOOKUP = "ngram"
 LOOKUP_SUFFIX = "+" + LOOKUP
 
@@ -22,7 +22,7 @@ LOOKUP_SUFFIX = "+" + LOOKUP
 class DrafterSpec:
     """`model`: the model drafter (None: prompt lookup alone); `lookup`: prompt lookup proposes first."""
 
-    model: ModelDrafter | None
+    model: ModelDrafterName | None
     lookup: bool
 
     def __post_init__(self) -> None:
@@ -50,7 +50,7 @@ class DrafterSpec:
         """The Triton model the model drafter runs in (None: prompt lookup alone, no model)."""
         return DRAFTER_MODELS[self.model] if self.model is not None else None
 
-    def with_model(self, model: ModelDrafter) -> DrafterSpec:
+    def with_model(self, model: ModelDrafterName) -> DrafterSpec:
         """This drafter with its model drafter replaced by `model`, prompt lookup kept (lookup alone: itself)."""
         return replace(self, model=model) if self.model is not None else self
 
