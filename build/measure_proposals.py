@@ -8,9 +8,9 @@ equal across settings (greedy speculation is lossless).
 
 A setting is ``drafter:k[:lookup_length:min_ngram[:confidence]]``, e.g. ``eagle+ngram:4:12:2:0.5``; k
 ``profile`` takes each task profile's length, a lookup length ending in ``a`` (``12a``) is adaptive up to it
-(no lookup fields: the profile's prompt_lookup), confidence ``profile`` its draft_confidence
-(model_repository/speculative_decoding/1/profiles.yaml); no confidence: chains of k. A drafter written
-``eagle+ngram@NODESxWIDTH`` (``eagle+ngram@6x2:4``) drafts a dynamic tree of NODES nodes, WIDTH per level, k deep.
+(no lookup fields: the profile's prompt_lookup). A drafter written ``eagle+ngram@NODESxWIDTH``
+(``eagle+ngram@6x2:4``) drafts a dynamic tree of NODES nodes, WIDTH per level, k deep, with no node whose path
+probability is below the confidence (default 0); other drafters draft chains of k.
 ``--confidence K`` instead
 drafts K tokens with the head per iteration and prints how often the first drafted token is accepted per band
 of the head's own probability for it, and how early stopping at a probability threshold would have done
@@ -122,16 +122,16 @@ def settings_of(spec: str, task: str = "text") -> SpeculationSettings:
     if len(parts) >= 4:
         length = parts[2]
         lookup = PromptLookup(int(length.rstrip("a")), int(parts[3]), adaptive=length.endswith("a"))
-    floor = 0.0
-    if len(parts) >= 5:
-        floor = profile.min_confidence if parts[4] == "profile" else float(parts[4])
+    floor = float(parts[4]) if len(parts) >= 5 else 0.0
     tree = None
     if "@" in drafter:  # eagle+ngram@NODESxWIDTH: a dynamic tree, k deep, the confidence its least path probability
         drafter, shape = drafter.split("@")
         nodes, width = (int(v) for v in shape.split("x"))
-        tree, floor = DynamicTree(nodes, k, width, floor), 0.0
+        tree = DynamicTree(nodes, k, width, floor)
+    elif floor:
+        raise SystemExit(f"{spec}: a confidence floors a dynamic tree (drafter@NODESxWIDTH), not a chain")
     return SpeculationSettings("text", drafter, k, k, 1, "greedy", 0.7, explicit_length=True,
-                               prompt_lookup=lookup, min_confidence=floor, tree=tree)
+                               prompt_lookup=lookup, tree=tree)
 
 
 def served_runtime(model_dir: Path):

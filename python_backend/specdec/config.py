@@ -92,6 +92,17 @@ class DynamicTree:
                    int(raw.get("max_sequences", cls.max_sequences)))
 
 
+# The keys of a profiles file's `speculative_decoding` mapping (SpeculationConfig.from_dict), and keys it no
+# longer takes, with why (a file that still sets one is refused, not silently changed).
+PROFILE_KEYS = frozenset({
+    "base_length", "candidate_num", "drafter", "acceptance", "dynamic_tree", "max_sequences", "speculate_sampled",
+    "grammar_drafting", "constrained_drafter", "verify_threshold", "prompt_lookup", "fallback",
+})
+REMOVED_PROFILE_KEYS = {
+    "draft_confidence": "removed: stopping a chain where the drafter is unsure did not pay (docs/SPECULATION.md)",
+}
+
+
 @dataclass(frozen=True)
 class TaskProfile:
     """The speculation settings of one task."""
@@ -101,9 +112,6 @@ class TaskProfile:
     num_candidates: int = 1
     drafter: str = "eagle+ngram"
     acceptance: str = "greedy"
-    # A model drafter's chain stops before a token (past the first) it gives less probability than this: the
-    # length is then the most it drafts (0: always the full length).
-    min_confidence: float = 0.0
     tree: DynamicTree | None = None  # the EAGLE head's dynamic tree, where it can draft one
 
     @property
@@ -162,6 +170,11 @@ class SpeculationConfig:
     def from_dict(cls, raw: dict[str, Any]) -> SpeculationConfig:
         """The config a profiles file describes; every key it leaves out keeps the shipped default."""
         spec = raw.get("speculative_decoding", raw)
+        unknown = sorted(set(spec) - PROFILE_KEYS)
+        if unknown:
+            removed = [f"{key} ({REMOVED_PROFILE_KEYS[key]})" for key in unknown if key in REMOVED_PROFILE_KEYS]
+            raise ValueError(f"unknown speculation profile keys: {', '.join(removed or unknown)}; "
+                             f"known: {', '.join(sorted(PROFILE_KEYS))}")
         default = cls()
 
         def per_task(key: str, task: str, value: Any) -> Any:
@@ -179,12 +192,9 @@ class SpeculationConfig:
             mode = str(per_task("acceptance", task, shipped.acceptance))
             if drafter not in DRAFTERS or mode not in ACCEPTANCE_MODES:
                 raise ValueError(f"profile {task}: drafter must be in {DRAFTERS}, acceptance in {ACCEPTANCE_MODES}")
-            floor = float(per_task("draft_confidence", task, shipped.min_confidence))
-            if not 0.0 <= floor < 1.0:
-                raise ValueError(f"draft_confidence of {task} must be in [0, 1), got {floor}")
             tree = DynamicTree.for_task(spec["dynamic_tree"] or {}, task) if "dynamic_tree" in spec else shipped.tree
             candidates = int(spec.get("candidate_num", {}).get("default", shipped.num_candidates))
-            profiles[task] = TaskProfile(lo, hi, candidates, drafter, mode, floor, tree)
+            profiles[task] = TaskProfile(lo, hi, candidates, drafter, mode, tree)
         fb = spec.get("fallback", {})
         window_s = float(fb.get("window_s", default.fallback.window_s))
         pl = spec.get("prompt_lookup", {})
@@ -242,7 +252,6 @@ class SpeculationSettings:
     verify_threshold: float
     explicit_length: bool = False  # the request fixed num_draft_tokens: the profile's fallback does not apply
     prompt_lookup: PromptLookup = PromptLookup(adaptive=False)  # how `model+ngram` / `eagle+ngram` look up
-    min_confidence: float = 0.0  # TaskProfile.min_confidence: where a model drafter's chain stops early
     tree: DynamicTree | None = None  # greedy drafting with the EAGLE head: this dynamic tree instead of chains
     max_sequences: int = 0  # SpeculationConfig.max_sequences (0: speculate at any load)
     # A constrained request drafts the tokens its grammar forces, at no model cost, in front of its drafters
@@ -300,7 +309,7 @@ def resolve(config: SpeculationConfig, task: str, prompt_text: str | None, *, nu
         task=task, drafter=profile.drafter, min_length=profile.min_length, max_length=profile.max_length,
         num_candidates=profile.num_candidates, acceptance=profile.acceptance,
         verify_threshold=config.verify_threshold, prompt_lookup=config.prompt_lookup,
-        min_confidence=profile.min_confidence, tree=profile.tree, max_sequences=config.max_sequences,
+        tree=profile.tree, max_sequences=config.max_sequences,
         grammar_drafting=config.grammar_drafting and num_draft_tokens != 0,
     )
     asked = (num_draft_tokens, num_candidates, acceptance, verify_threshold, drafter)

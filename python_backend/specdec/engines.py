@@ -65,7 +65,7 @@ class StepRequest:
     want_logits: bool = False
     num_hidden: int = 0  # target: also return the features (final-normed hidden states) of the last N inputs
     features: np.ndarray | None = None  # EAGLE draft: [len(input_ids), feature_size], each input token's feature
-    min_confidence: float = 0.0  # draft chain: stop before a token the drafter gives less probability than this
+    min_confidence: float = 0.0  # a dynamic tree (tree_nodes): no node whose path probability is below this
     # Draft: > 0 grows a dynamic tree (EAGLE-2) of at most this many nodes instead of `num_candidates` chains:
     # `num_candidates` nodes expanded per level, `num_draft_tokens` levels deep (greedy drafting only).
     tree_nodes: int = 0
@@ -193,9 +193,6 @@ def tree_draft_parents(num_candidates: int, depth: int) -> list[int]:
     return [i - c if i >= c else -1 for i in range(c * depth)]
 
 
-DRAFTER_BELIEF = SamplingParams(temperature=1.0)  # the drafter's own softmax, whatever the request samples with
-
-
 @dataclass
 class _Growth:
     """A draft tree (or chain) being grown for one request."""
@@ -208,7 +205,6 @@ class _Growth:
     tokens: list[int] = field(default_factory=list)
     logits: list[np.ndarray] = field(default_factory=list)
     features: np.ndarray | None = None  # EAGLE: the features of the newest level's tokens (the head's own)
-    finished: bool = False  # stopped before num_draft_tokens (min_confidence)
     # The token id of each logits column when choose() reads the runtime's proposal-vocabulary columns (a
     # greedy chain that keeps no logits); None: the logits it is given span the vocabulary.
     columns: np.ndarray | None = None
@@ -220,14 +216,6 @@ class _Growth:
     @property
     def depth(self) -> int:
         return len(self.tokens) // self.width
-
-    def unsure(self, logits: np.ndarray, new: list[int]) -> bool:
-        """Whether a chain stops before `new` (its next token): past the first token, the drafter gives it
-        less probability than the request's min_confidence."""
-        threshold = self.request.min_confidence
-        if threshold <= 0 or self.width != 1 or not self.tokens:
-            return False
-        return bool(probabilities(logits[-1], DRAFTER_BELIEF)[0, new[0]] < threshold)
 
     def choose(self, logits: np.ndarray, count: int) -> list[int]:
         """Next tokens from logits rows: the top `count` of one row, or one per row (greedy or sampled)."""
@@ -347,8 +335,7 @@ class _DynamicTree:
 
 class DraftEngine(_Engine):
     """Proposes a chain (num_candidates = 1) or a tree of `num_candidates` chains of `num_draft_tokens`
-    tokens per sequence in one call, looping inside. A chain with `min_confidence` stops early, before the
-    first token after the first whose probability under the drafter (softmax of its logits) is below it.
+    tokens per sequence in one call, looping inside, or a dynamic tree (`tree_nodes`, `min_confidence`).
     Tree rows are scratch: the caller's next `past_length` drops them, and the accepted tokens come back as
     catch-up input. A step with input and `num_draft_tokens` 0 only writes the input's rows (a chunk of a long
     prompt) and proposes nothing.
@@ -363,10 +350,10 @@ class DraftEngine(_Engine):
         return np.pad(outputs, ((0, 0), (0, missing))) if missing > 0 else outputs
 
     def _greedy_columns(self, request: StepRequest) -> np.ndarray | None:
-        """The runtime's logits columns where a chain can choose among them alone: greedy, no logits kept, no
-        confidence floor (which reads a token's probability by its id). Other chains get logits spread over
-        the vocabulary, exactly what they sampled from and what the rejection sampler reads back."""
-        plain = request.sampling.greedy and not request.want_logits and request.min_confidence <= 0
+        """The runtime's logits columns where a chain can choose among them alone: greedy, no logits kept. Other
+        chains get logits spread over the vocabulary, exactly what they sampled from and what the rejection
+        sampler reads back."""
+        plain = request.sampling.greedy and not request.want_logits
         return self.runtime.logit_ids if plain else None
 
     def _features(self, request: StepRequest) -> np.ndarray | None:
@@ -399,6 +386,8 @@ class DraftEngine(_Engine):
                 eagle = features is not None
                 if request.tree_nodes and (not request.sampling.greedy or request.want_logits):
                     raise InvalidRequestError("tree_nodes", "a dynamic tree is drafted greedily, without logits")
+                if request.min_confidence and not request.tree_nodes:
+                    raise InvalidRequestError("min_confidence", "floors a dynamic tree's nodes (tree_nodes > 0)")
                 if k:
                     base = request.past_length + len(request.input_ids)
                     growing.append(_DynamicTree(i, entry, request, base, self.runtime.logit_ids)
@@ -436,16 +425,13 @@ class DraftEngine(_Engine):
                 first_level = not growth.tokens
                 count = growth.width if first_level else 1
                 new = growth.choose(logits, count)
-                if growth.unsure(logits, new):
-                    growth.finished = True
-                    new = []
                 growth.tokens.extend(new)
                 if output.hidden is not None:  # EAGLE: a new token's feature is its parent row's output
                     drafted = self._drafted_features(output.hidden)
                     growth.features = np.repeat(drafted[-1:], count, axis=0) if first_level else drafted
-                if growth.request.want_logits and new:
+                if growth.request.want_logits:
                     growth.logits.extend([logits[-1]] * count if first_level else list(logits))
-                if growth.depth < growth.request.num_draft_tokens and not growth.finished:
+                if growth.depth < growth.request.num_draft_tokens:
                     next_growing.append(growth)
                     next_items.append(self._extend(growth, new))
                 else:

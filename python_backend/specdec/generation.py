@@ -543,8 +543,7 @@ class _Run:
                                                             tree_nodes=min(tree.nodes, self._length_cap()))
             else:
                 proposal = await self.model_drafter.propose(self.tokens, k, self.settings.num_candidates,
-                                                            draft_sampling, want_probs=lossless_sampling,
-                                                            min_confidence=self.settings.min_confidence)
+                                                            draft_sampling, want_probs=lossless_sampling)
         except Exception as exc:  # a failing draft degrades to plain decoding, never to an error
             log.warning("%s failed (%s); sequence %d continues without speculation", self._drafter_model, exc,
                         self.sequence_id)

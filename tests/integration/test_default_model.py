@@ -25,7 +25,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_REPOSITORY = REPO_ROOT / "model_repository"
 TARGET_DIR = DEFAULT_REPOSITORY / "target_model" / "1"
 MAX_TOKENS = 40
-FLOOR = 0.5  # the confidence floor of floor_server's profiles
 TREE_NODES = 6  # the dynamic tree of tree_server's profiles
 CHAT_REQUESTS = {
     "json": ["Return a JSON object for a library member with the keys name, member_id and books_borrowed.",
@@ -230,16 +229,6 @@ def _server_with_profiles(root: Path, changes: dict):
 
 
 @pytest.fixture(scope="module")
-def floor_server(tmp_path_factory: pytest.TempPathFactory):
-    """The default repository with a confidence floor in every task profile, drafting chains (the floor of a
-    chain; a dynamic tree has its own, dynamic_tree.min_probability)."""
-    server = _server_with_profiles(tmp_path_factory.mktemp("floor") / "repository",
-                                   {"draft_confidence": FLOOR, "dynamic_tree": {"nodes": 0}})
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
 def tree_server(tmp_path_factory: pytest.TempPathFactory):
     """The default repository with dynamic EAGLE trees in every task profile (TREE_NODES nodes, 2 per level)."""
     server = _server_with_profiles(tmp_path_factory.mktemp("tree") / "repository",
@@ -259,22 +248,6 @@ def test_dynamic_trees_through_the_server_stay_lossless(tree_server, chat_prompt
     domain, prompt = chat_prompts[1]
     streamed = _generate(tree_server, prompt, stream=True, on_text=pieces.append, drafter="eagle+ngram")
     assert len(pieces) > 1 and "".join(pieces) == streamed.text == plain[prompt].text, (domain, prompt)
-
-
-@pytest.mark.parametrize("drafter", ["eagle", "model"])
-def test_a_confidence_floor_shortens_chains_and_stays_lossless(default_server, floor_server, chat_prompts, plain,
-                                                                drafter) -> None:
-    """draft_confidence through the server (min_confidence on the drafters' BLS calls): greedy still equals
-    plain, with fewer draft tokens than the same k without the floor. JSON requests: the default profiles draft
-    chains there (code and prose draw dynamic trees with the head)."""
-    drafted = {"floor": 0, "full": 0}
-    for domain, prompt in [(domain, prompt) for domain, prompt in chat_prompts if domain == "json"][:3]:
-        for name, server in (("floor", floor_server), ("full", default_server)):
-            result = _generate(server, prompt, drafter=drafter, num_draft_tokens=4)
-            assert result.text == plain[prompt].text, (domain, prompt, drafter, name)
-            assert result.drafter_used == drafter and not result.stats["fallback_active"]
-            drafted[name] += result.stats["total_draft_tokens"]
-    assert 0 < drafted["floor"] < drafted["full"]
 
 
 def test_eagle_head_is_trained_for_this_target() -> None:

@@ -19,9 +19,9 @@ def test_the_shipped_profiles_file_states_the_defaults():
 def test_the_defaults_are_the_shipped_deployment():
     config = SpeculationConfig()
     tree = DynamicTree(8, depth=5, width=2, min_probability=0.1, max_sequences=2)
-    assert config.profiles == {"json": TaskProfile(4, 4, 1, "eagle+ngram", "greedy", 0.0, None),
-                               "code": TaskProfile(3, 3, 1, "eagle+ngram", "greedy", 0.0, tree),
-                               "text": TaskProfile(1, 1, 1, "eagle+ngram", "greedy", 0.0, tree)}
+    assert config.profiles == {"json": TaskProfile(4, 4, 1, "eagle+ngram", "greedy", None),
+                               "code": TaskProfile(3, 3, 1, "eagle+ngram", "greedy", tree),
+                               "text": TaskProfile(1, 1, 1, "eagle+ngram", "greedy", tree)}
     assert config.fallback == FallbackConfig(min_acceptance_rate=0.20, window_s=300, min_draft_tokens=256,
                                              probe_interval_s=30)
     assert config.prompt_lookup == PromptLookup(length=12, min_ngram=2, max_ngram=3, adaptive=True)

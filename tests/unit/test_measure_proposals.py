@@ -20,10 +20,11 @@ def test_settings_take_the_profile_length_or_a_given_one() -> None:
     assert (json_settings.prompt_lookup.length, json_settings.prompt_lookup.min_ngram) == (6, 3)
     fixed = measure_proposals.settings_of("eagle:4")
     assert fixed.drafter == "eagle" and fixed.min_length == 4 and fixed.explicit_length
-    assert fixed.min_confidence == 0.0
-    assert measure_proposals.settings_of("eagle+ngram:4:12:2:0.5").min_confidence == 0.5
-    assert (measure_proposals.settings_of("eagle+ngram:4:12:2:profile", "code").min_confidence
-            == profiles["code"].min_confidence)
+    assert fixed.tree is None
+    tree = measure_proposals.settings_of("eagle+ngram@6x2:4:12:2:0.1").tree
+    assert (tree.nodes, tree.depth, tree.width, tree.min_probability) == (6, 4, 2, 0.1)
+    with pytest.raises(SystemExit, match="not a chain"):  # a confidence floors a tree's nodes only
+        measure_proposals.settings_of("eagle+ngram:4:12:2:0.5")
 
 
 def test_fit_recovers_a_line() -> None:

@@ -128,7 +128,7 @@ class _VocabWide:
     {"num_draft_tokens": 4},  # a greedy chain: chosen among the columns
     {"num_draft_tokens": 3, "num_candidates": 3},  # a fixed tree
     {"num_draft_tokens": 3, "num_candidates": 2, "tree_nodes": 5},  # a dynamic tree
-    {"num_draft_tokens": 3, "min_confidence": 0.05},  # a confidence floor: over the vocabulary
+    {"num_draft_tokens": 3, "num_candidates": 2, "tree_nodes": 5, "min_confidence": 0.05},  # a floored tree
     {"num_draft_tokens": 3, "sampling": SamplingParams(temperature=0.8, seed=5), "want_logits": True},
 ])
 def test_proposals_from_the_proposal_vocabulary_columns_equal_the_vocabulary_wide_ones(pruned_draft, shape):

@@ -55,15 +55,11 @@ def test_request_overrides_win_over_the_profile(config):
     assert resolve_default(config, "code", drafter="ngram").num_candidates == 1
 
 
-def test_the_confidence_floor_comes_from_the_profile():
-    raw = {"speculative_decoding": {"draft_confidence": {"json": 0.5, "code": 0.4}}}
-    config = SpeculationConfig.from_dict(raw)
-    assert [config.profiles[t].min_confidence for t in ("json", "code", "text")] == [0.5, 0.4, 0.0]
-    assert resolve_default(config, "json", num_draft_tokens=3).min_confidence == 0.5  # k is then the most
-    assert SpeculationConfig.from_dict({"draft_confidence": 0.3}).profiles["text"].min_confidence == 0.3
-    assert SpeculationConfig.from_dict({}).profiles["json"].min_confidence == 0.0
-    with pytest.raises(ValueError, match="draft_confidence"):
-        SpeculationConfig.from_dict({"draft_confidence": {"json": 1.0}})
+def test_a_profiles_file_with_an_unknown_or_removed_key_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"draft_confidence \(removed: stopping a chain"):
+        SpeculationConfig.from_dict({"speculative_decoding": {"draft_confidence": {"json": 0.5}}})
+    with pytest.raises(ValueError, match="unknown speculation profile keys: base_lenght; known: acceptance"):
+        SpeculationConfig.from_dict({"base_lenght": 3})
 
 
 @pytest.mark.parametrize(("prompt", "task"), [
