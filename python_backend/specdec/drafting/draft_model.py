@@ -31,30 +31,30 @@ class DraftModelDrafter:
 
     async def propose(self, tokens: list[int], k: int, candidates: int, sampling: SamplingParams,
                       want_probs: bool, min_confidence: float = 0.0, tree_nodes: int = 0) -> Proposal:
-        if tree_nodes:
+        if tree_nodes or min_confidence:  # both describe a dynamic tree (the EAGLE head's)
             raise ValueError("the draft model drafts chains, not dynamic trees")
         start = not self.started
         self.started = True  # END at release even if this call fails: a failed START can still hold a KV slot
-        result = await self._draft(tokens, start, k, candidates, sampling, want_probs, min_confidence)
+        result = await self._draft(tokens, start, k, candidates, sampling, want_probs)
         if result.error is not None and not start and slot_lost(str(result.error)):
             # The draft slot expired while this sequence decoded plainly (fallback longer than the idle
             # timeout): start it again with the whole context instead of giving up on speculation.
             self.valid = 0
-            result = await self._draft(tokens, True, k, candidates, sampling, want_probs, min_confidence)
+            result = await self._draft(tokens, True, k, candidates, sampling, want_probs)
         if result.error is not None:
             raise RuntimeError(f"draft_model: {result.error}")
-        depth = len(result.token_ids) // candidates  # a chain may stop before k (min_confidence)
+        depth = len(result.token_ids) // candidates
         self._base = len(tokens)
         self._chain_depth = depth if candidates == 1 else 0
         probs = probabilities(result.logits, sampling) if want_probs and result.logits is not None else None
         return Proposal([int(t) for t in result.token_ids], tree_draft_parents(candidates, depth), depth, probs)
 
     async def _draft(self, tokens: list[int], start: bool, k: int, candidates: int, sampling: SamplingParams,
-                     want_probs: bool, min_confidence: float):
+                     want_probs: bool):
         return await self.backend.drafter_step(self.name, StepRequest(
             self.sequence_id, past_length=self.valid, input_ids=np.asarray(tokens[self.valid:]),
             start=start, num_draft_tokens=k, num_candidates=candidates, sampling=sampling,
-            want_logits=want_probs, min_confidence=min_confidence,
+            want_logits=want_probs,
         ))
 
     async def prefill(self, tokens: list[int]) -> None:

@@ -81,7 +81,7 @@ class EagleDrafter:
         probs = probabilities(result.logits, sampling) if want_probs and result.logits is not None else None
         if result.parents is not None:  # a dynamic tree
             return proposal_of_tree(result.token_ids, result.parents)
-        depth = len(result.token_ids) // candidates  # a chain may stop before k (min_confidence)
+        depth = len(result.token_ids) // candidates
         return Proposal([int(t) for t in result.token_ids], tree_draft_parents(candidates, depth), depth, probs)
 
     async def prefill(self, tokens: list[int]) -> None:
