@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 
 # Bump when the graphs made here change: a cached one is then made again. 2: embeddings as GatherBlockQuantized.
 # 3: codes centered on their type's middle, minimums folded into the second product. 4: K-quants.
-REVISION = 4
+# 5: a minimum term keeps its input's leading dimensions (four nodes instead of seven).
+REVISION = 5
 REVISION_KEY = "gguf_revision"  # in a graph's specdec.* metadata
 GGUF_SOURCE_FILE = "gguf_source.json"  # written by build/gguf_convert.py into the converted folder
 ACCURACY_LEVEL = 4  # MatMulNBits: int8 activations (llama.cpp's Q8 activations for its quantized dot products)
@@ -275,6 +276,7 @@ def quantize_from_gguf(source: str | Path, gguf_path: str | Path, folder_dtype: 
     graph = model.graph
     rows = GgufRows(gguf_path, folder_dtype)
     initializers = {init.name: init for init in graph.initializer}
+    ranks = _ranks(model)
     report = GgufGraphReport({}, 0, 0)
     new_nodes, dropped = [], set()
     for node in graph.node:
@@ -311,7 +313,7 @@ def quantize_from_gguf(source: str | Path, gguf_path: str | Path, folder_dtype: 
             name=f"{stem}_gguf", domain="com.microsoft", K=k_in, N=n_out, bits=blocks.bits, block_size=blocks.block,
             accuracy_level=accuracy_level))
         if blocks.minimums is not None:
-            new_nodes.extend(_minimum_term(graph, stem, x, product, y, blocks.minimums, blocks.block))
+            new_nodes.extend(_minimum_term(graph, stem, x, ranks.get(x), product, y, blocks.minimums, blocks.block))
         dropped.add(weight.name)
         report.quantized[f"{blocks.bits}-bit"] = report.quantized.get(f"{blocks.bits}-bit", 0) + 1
     used = {name for node in new_nodes for name in node.input}
@@ -377,25 +379,54 @@ def _restore_exact(rows: GgufRows, init) -> int:
     return 1
 
 
-def _minimum_term(graph, stem: str, x: str, product: str, y: str, minimums: np.ndarray, block: int) -> list:
-    """Nodes adding sum(x over each block) @ minimums to `product` as `y` (x [..., K] -> y [..., N])."""
+def _ranks(model) -> dict[str, int]:
+    """The rank of every tensor of `model`'s graph that shape inference can tell (weights' values not needed:
+    large initializers go in as empty tensors of their shape)."""
+    import onnx
+    from onnx import helper
+
+    g = model.graph
+    small = [init for init in g.initializer if len(init.raw_data) <= 4096]  # shapes and other constants
+    weights = [helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+               for init in g.initializer if len(init.raw_data) > 4096]
+    shell = helper.make_model(helper.make_graph(list(g.node), g.name, [*g.input, *weights], list(g.output), small),
+                              opset_imports=list(model.opset_import))
+    inferred = onnx.shape_inference.infer_shapes(shell)
+    return {info.name: len(info.type.tensor_type.shape.dim)
+            for info in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
+            if info.type.tensor_type.HasField("shape")}
+
+
+def _minimum_term(graph, stem: str, x: str, rank: int | None, product: str, y: str, minimums: np.ndarray,
+                  block: int) -> list:
+    """Nodes adding sum(x over each block) @ minimums to `product` as `y` (x [..., K] -> y [..., N]).
+
+    With x's rank known, x is viewed as [..., blocks, block] (Reshape's 0 keeps a dimension), so the sums and
+    their product keep x's leading dimensions: four nodes; otherwise the sums go through rows and back."""
     from onnx import helper, numpy_helper
 
     n_out, n_blocks = minimums.shape
-    names = {f: f"{stem}_gguf_{f}" for f in ("block_shape", "sum_axes", "sums_shape", "minimums")}
-    graph.initializer.extend([
-        numpy_helper.from_array(np.array([-1, block], np.int64), names["block_shape"]),
-        numpy_helper.from_array(np.array([-1], np.int64), names["sum_axes"]),
-        numpy_helper.from_array(np.array([-1, n_blocks], np.int64), names["sums_shape"]),
-        numpy_helper.from_array(np.ascontiguousarray(minimums.T, dtype=np.float32), names["minimums"]),
-    ])
     t = f"{stem}_gguf_"
+    graph.initializer.append(
+        numpy_helper.from_array(np.ascontiguousarray(minimums.T, dtype=np.float32), t + "minimums"))
+    graph.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), t + "sum_axes"))
+    if rank:
+        graph.initializer.append(
+            numpy_helper.from_array(np.array([0] * (rank - 1) + [n_blocks, block], np.int64), t + "block_shape"))
+        return [
+            helper.make_node("Reshape", [x, t + "block_shape"], [t + "blocked"], name=t + "block"),
+            helper.make_node("ReduceSum", [t + "blocked", t + "sum_axes"], [t + "sums"], keepdims=0, name=t + "sum"),
+            helper.make_node("MatMul", [t + "sums", t + "minimums"], [t + "minimum_term"], name=t + "minimum"),
+            helper.make_node("Add", [product, t + "minimum_term"], [y], name=t + "add"),
+        ]
+    graph.initializer.extend([numpy_helper.from_array(np.array([-1, block], np.int64), t + "block_shape"),
+                              numpy_helper.from_array(np.array([-1, n_blocks], np.int64), t + "sums_shape")])
     return [
-        helper.make_node("Reshape", [x, names["block_shape"]], [t + "blocked"], name=t + "block"),
-        helper.make_node("ReduceSum", [t + "blocked", names["sum_axes"]], [t + "block_sums"], keepdims=0,
+        helper.make_node("Reshape", [x, t + "block_shape"], [t + "blocked"], name=t + "block"),
+        helper.make_node("ReduceSum", [t + "blocked", t + "sum_axes"], [t + "block_sums"], keepdims=0,
                          name=t + "sum"),
-        helper.make_node("Reshape", [t + "block_sums", names["sums_shape"]], [t + "sums"], name=t + "rows"),
-        helper.make_node("MatMul", [t + "sums", names["minimums"]], [t + "minimum_term"], name=t + "minimum"),
+        helper.make_node("Reshape", [t + "block_sums", t + "sums_shape"], [t + "sums"], name=t + "rows"),
+        helper.make_node("MatMul", [t + "sums", t + "minimums"], [t + "minimum_term"], name=t + "minimum"),
         helper.make_node("Shape", [product], [t + "shape"], name=t + "shape"),
         helper.make_node("Reshape", [t + "minimum_term", t + "shape"], [t + "minimum_shaped"], name=t + "shaped"),
         helper.make_node("Add", [product, t + "minimum_shaped"], [y], name=t + "add"),

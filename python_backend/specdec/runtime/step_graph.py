@@ -56,8 +56,15 @@ import torch
 import torch.nn.functional as F
 
 from specdec.checkpoint import ModelSpec, load_state_dict, read_proposal_vocab, read_spec
-from specdec.runtime.graph_contract import META_PREFIX, OUTPUTS, dynamic_axes, graph_inputs, graph_metadata
-from specdec.runtime.torch_llama import LlamaWeights, rotate_half
+from specdec.runtime.graph_contract import (
+    META_PREFIX,
+    OUTPUTS,
+    dynamic_axes,
+    graph_inputs,
+    graph_metadata,
+    past_inputs,
+)
+from specdec.runtime.torch_llama import LlamaWeights
 
 OPSET = 17
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -102,6 +109,14 @@ class LlamaStepGraph(torch.nn.Module):
         cos, sin = spec.rope_tables(max_positions)
         self.register_buffer("rope_cos", cos.to(dtype))
         self.register_buffer("rope_sin", sin.to(dtype))
+        # rotate_half as a product with a constant signed permutation: exactly the same values (one +-1 term
+        # per column, the rest exact zeros), one node where the slicing took eight (a Shape chain, two Slices,
+        # Neg, Concat) per use.
+        half = spec.head_dim // 2
+        rotation = torch.zeros(spec.head_dim, spec.head_dim, dtype=dtype)
+        rotation[torch.arange(half) + half, torch.arange(half)] = -1
+        rotation[torch.arange(half), torch.arange(half) + half] = 1
+        self.register_buffer("rotation", rotation)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                 logit_rows: torch.Tensor, *past_and_features: torch.Tensor):
@@ -127,6 +142,8 @@ class LlamaStepGraph(torch.nn.Module):
         heads = torch.arange(kv_heads, dtype=torch.long)[:, None, None].expand(kv_heads, batch, width)
         items = torch.arange(batch, dtype=torch.long)[None, :, None].expand(kv_heads, batch, width)
         at = (heads, items, new_rows[None].expand(kv_heads, batch, width))
+        # The softmax's sum multiplies by this many rows of `ones`: the key rows of every layer's past.
+        ones = self.ones[:past_keys[0].shape[2]]
         hidden = F.embedding(input_ids, self.embed)
         if self.eagle_fc is not None:
             hidden = F.linear(torch.cat([hidden, _cast(features, self.dtype)], dim=-1), self.eagle_fc,
@@ -142,8 +159,8 @@ class LlamaStepGraph(torch.nn.Module):
             if s.qk_norm:
                 q = _rms_norm(q, layer("q_norm"), s.rms_norm_eps)
                 k = _rms_norm(k, layer("k_norm"), s.rms_norm_eps)
-            q = q * cos[:, :, None, None] + rotate_half(q) * sin[:, :, None, None]
-            k = k * cos[:, :, None] + rotate_half(k) * sin[:, :, None]
+            q = q * cos[:, :, None, None] + torch.matmul(q, self.rotation) * sin[:, :, None, None]
+            k = k * cos[:, :, None] + torch.matmul(k, self.rotation) * sin[:, :, None]
             # The cache's own layout, [kv_heads, batch, tokens, D]: the context is read as it comes in, and
             # each KV head's group of query heads is one product with it (no repeated keys).
             k = k.permute(2, 0, 1, 3)
@@ -164,12 +181,12 @@ class LlamaStepGraph(torch.nn.Module):
             # 0) between the visible ones change nothing and a tree node gets a chain's logits bit for bit.
             weights = torch.exp(scores - scores.amax(-1, keepdim=True))
             weights = _cast(weights, self.dtype).reshape(kv_heads, batch, group * (width + 1), -1)
-            total = torch.matmul(weights, self.ones[:weights.shape[-1]])[..., :1]  # [.., rows, 1]
+            total = torch.matmul(weights, ones)[..., :1]  # [.., rows, 1]
             attn = (torch.matmul(weights, values) / total).reshape(kv_heads, batch, group, width + 1, s.head_dim)
             attn = attn[:, :, :, :width].permute(1, 3, 0, 2, 4).reshape(batch, width, q_size)
             hidden = hidden + F.linear(attn, layer("o"), layer("o_bias"))
             x = _rms_norm(hidden, layer("mlp_norm"), s.rms_norm_eps)
-            gate, up = F.linear(x, layer("gate_up"), layer("gate_up_bias")).chunk(2, dim=-1)
+            gate, up = F.linear(x, layer("gate_up"), layer("gate_up_bias")).split(s.intermediate_size, dim=-1)
             hidden = hidden + F.linear(F.silu(gate) * up, layer("down"), layer("down_bias"))
             if i in s.feature_layers:
                 layer_outputs[i] = hidden
@@ -203,6 +220,17 @@ def example_inputs(spec: ModelSpec, dtype: torch.dtype, batch: int = 2, width: i
     return inputs
 
 
+def _share_past_shapes(model, spec: ModelSpec) -> None:
+    """Point every Shape of a past input at the first one: all have the same shape (graph_contract), so the
+    shape arithmetic the exporter wrote per layer (the new keys' ScatterND updates) becomes one chain that
+    onnxruntime computes once instead of once a layer."""
+    pasts = set(past_inputs(spec.num_layers))
+    first = past_inputs(spec.num_layers)[0]
+    for node in model.graph.node:
+        if node.op_type == "Shape" and node.input[0] in pasts:
+            node.input[0] = first
+
+
 def export_decoder(model_dir: str | Path, out_path: str | Path, dtype: str = "float32",
                    max_positions: int | None = None) -> Path:
     """Export the decoder step of a Hugging Face checkpoint (any supported family) to ONNX (atomically: a
@@ -230,6 +258,7 @@ def export_decoder(model_dir: str | Path, out_path: str | Path, dtype: str = "fl
                 do_constant_folding=True,
             )
         model = onnx.load(str(traced))
+        _share_past_shapes(model, spec)
         for key, value in graph_metadata(model_dir, dtype, max_positions).items():
             model.metadata_props.add(key=META_PREFIX + key, value=value)
         model.producer_name = "specdec-triton"
