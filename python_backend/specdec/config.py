@@ -95,7 +95,8 @@ class DynamicTree:
 # The keys of a profiles file's `speculative_decoding` mapping (SpeculationConfig.from_dict), and keys it no
 # longer takes, with why (a file that still sets one is refused, not silently changed).
 PROFILE_KEYS = frozenset({
-    "base_length", "candidate_num", "drafter", "acceptance", "dynamic_tree", "max_sequences", "speculate_sampled",
+    "base_length", "candidate_num", "drafter", "acceptance", "dynamic_tree", "max_sequences", "plain_steps",
+    "speculate_sampled",
     "grammar_drafting", "constrained_drafter", "verify_threshold", "prompt_lookup", "fallback",
 })
 REMOVED_PROFILE_KEYS = {
@@ -137,6 +138,12 @@ class SpeculationConfig:
     # request whose text does not depend on the load decodes plain: a batched verification is bound by its
     # rows on a CPU, and every draft row then costs what it saves (docs/BENCHMARKS.md, "Under load").
     max_sequences: int = 2
+    # Tokens a plain call to the target picks when speculation is off (above max_sequences, sampled requests,
+    # fallback): the target runs that many one-token steps in one call, so the round trip between
+    # speculative_decoding and the target (and the wave's gathering) is paid once per that many tokens. 4 on this
+    # CPU: greedy c=64 1.25-1.34x, c=16 1.17-1.35x against 1; 8 gained less and doubled the time to first token
+    # (docs/BENCHMARKS.md "Under load").
+    plain_steps: int = 4
     # Whether a sampled request (temperature > 0) that sets no speculation option of its own speculates. Off: with
     # this head, sampled speculation gained 1.02x at concurrency 1 and lost at 4 and 16 (0.75x, 0.60x), and a
     # seeded request cannot follow the load (its text would change with it) (docs/BENCHMARKS.md, "Under load").
@@ -207,6 +214,9 @@ class SpeculationConfig:
         max_sequences = int(spec.get("max_sequences", cls.max_sequences))
         if max_sequences < 0:
             raise ValueError(f"max_sequences must be >= 0 (0: speculate at any load), got {max_sequences}")
+        plain_steps = int(spec.get("plain_steps", cls.plain_steps))
+        if plain_steps < 1:
+            raise ValueError(f"plain_steps must be >= 1, got {plain_steps}")
         speculate_sampled = spec.get("speculate_sampled", cls.speculate_sampled)
         if not isinstance(speculate_sampled, bool):
             raise ValueError(f"speculate_sampled must be true or false, got {speculate_sampled!r}")
@@ -219,6 +229,7 @@ class SpeculationConfig:
         return cls(
             profiles=profiles,
             max_sequences=max_sequences,
+            plain_steps=plain_steps,
             speculate_sampled=speculate_sampled,
             grammar_drafting=grammar_drafting,
             constrained_drafter=constrained_drafter,
@@ -254,6 +265,7 @@ class SpeculationSettings:
     prompt_lookup: PromptLookup = PromptLookup(adaptive=False)  # how `model+ngram` / `eagle+ngram` look up
     tree: DynamicTree | None = None  # greedy drafting with the EAGLE head: this dynamic tree instead of chains
     max_sequences: int = 0  # SpeculationConfig.max_sequences (0: speculate at any load)
+    plain_steps: int = 1  # SpeculationConfig.plain_steps: tokens a plain call picks where speculation is off
     # A constrained request drafts the tokens its grammar forces, at no model cost, in front of its drafters
     # (SpeculationConfig.grammar_drafting; off where the request asked for plain decoding, num_draft_tokens 0).
     grammar_drafting: bool = False
@@ -309,7 +321,7 @@ def resolve(config: SpeculationConfig, task: str, prompt_text: str | None, *, nu
         task=task, drafter=profile.drafter, min_length=profile.min_length, max_length=profile.max_length,
         num_candidates=profile.num_candidates, acceptance=profile.acceptance,
         verify_threshold=config.verify_threshold, prompt_lookup=config.prompt_lookup,
-        tree=profile.tree, max_sequences=config.max_sequences,
+        tree=profile.tree, max_sequences=config.max_sequences, plain_steps=config.plain_steps,
         grammar_drafting=config.grammar_drafting and num_draft_tokens != 0,
     )
     asked = (num_draft_tokens, num_candidates, acceptance, verify_threshold, drafter)

@@ -12,14 +12,14 @@ forwards, so a decode step is not padded to the chunk's width.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from specdec.errors import InvalidRequestError, SpecDecError
 from specdec.kv_cache import SlotEntry, SlotTable
 from specdec.runtime.base import DecoderRuntime, ForwardItem, ForwardOutput, expand_to_vocab
-from specdec.sampling import SamplingParams, make_rng, probabilities, sample, sample_rows
+from specdec.sampling import SamplingParams, make_rng, probabilities, sample, sample_rows, step_seed
 
 EMPTY_IDS = np.zeros(0, dtype=np.int64)
 PADDING_RATIO = 4  # an item joins a forward whose width is at most this many times its own (or PADDING_FLOOR)
@@ -69,6 +69,10 @@ class StepRequest:
     # Draft: > 0 grows a dynamic tree (EAGLE-2) of at most this many nodes instead of `num_candidates` chains:
     # `num_candidates` nodes expanded per level, `num_draft_tokens` levels deep (greedy drafting only).
     tree_nodes: int = 0
+    # Target, plain decoding: pick this many tokens in one call, each further one after a one-token step on the
+    # token picked before it (greedy, or drawn with `step_seed(seed, step)`); token_ids then ends with them all.
+    # The calls of plain decoding under load then cost one round trip per `num_steps` tokens.
+    num_steps: int = 1
 
 
 @dataclass
@@ -156,7 +160,12 @@ class TargetEngine(_Engine):
         batch: list[tuple[int, SlotEntry, ForwardItem]] = []
         for i, request in enumerate(requests):
             try:
-                entry = self._prepare(request)
+                if request.num_steps != 1 and not (
+                        request.num_steps > 1 and request.num_logits == 1 and not request.want_logits
+                        and request.tree_parents is None and len(request.input_ids)):
+                    raise InvalidRequestError("num_steps", f"{request.num_steps}: must be 1, or more for a step that "
+                                              "scores one position and returns no logits rows (no tree)")
+                entry = self._prepare(request, extra_rows=request.num_steps - 1)
                 if len(request.input_ids):
                     if not 1 <= request.num_logits <= len(request.input_ids):
                         raise InvalidRequestError("num_logits", f"must be in 1..{len(request.input_ids)}")
@@ -183,7 +192,32 @@ class TargetEngine(_Engine):
                 draws = sample_rows(np.stack([row for _, row in drawn]), [requests[i].sampling for i, _ in drawn])
                 for (i, _), token in zip(drawn, draws, strict=True):
                     results[i].token_ids[-1] = token
+            self._further_steps(requests, [(i, entry) for i, entry, _ in batch if requests[i].num_steps > 1],
+                                results)
         return results
+
+    def _further_steps(self, requests: list[StepRequest], going: list[tuple[int, SlotEntry]],
+                       results: list[StepResult]) -> None:
+        """The one-token steps of the requests with num_steps > 1, all of them in one forward a step."""
+        step = 1
+        while going := [(i, entry) for i, entry in going if requests[i].num_steps > step]:
+            items = [ForwardItem(entry.slot, entry.written_length, results[i].token_ids[-1:],
+                                 num_hidden=1 if requests[i].num_hidden else 0) for i, entry in going]
+            outputs = self.runtime.forward_outputs(items)
+            rows = np.stack([expand_to_vocab(output.logits, self.runtime.logit_ids, self.runtime.vocab_size)[-1]
+                             for output in outputs])
+            tokens = rows.argmax(axis=-1).astype(np.int64)
+            sampled = [n for n, (i, _) in enumerate(going) if not requests[i].sampling.greedy]
+            if sampled:
+                params = [replace(requests[going[n][0]].sampling, seed=step_seed(requests[going[n][0]].sampling.seed,
+                                                                                 step)) for n in sampled]
+                tokens[sampled] = sample_rows(rows[sampled], params)
+            for (i, entry), token, output in zip(going, tokens, outputs, strict=True):
+                entry.written_length += 1
+                results[i].token_ids = np.append(results[i].token_ids, token)
+                if requests[i].num_hidden:
+                    results[i].hidden = np.concatenate([results[i].hidden, output.hidden])
+            step += 1
 
 
 def tree_draft_parents(num_candidates: int, depth: int) -> list[int]:

@@ -361,12 +361,13 @@ class _Run:
         pending = self.tokens[self.target_valid:]
         m = len(pending)
         nodes = proposal.tokens if proposal else []
+        steps = self._plain_steps() if source == "none" else 1
         tree = proposal is not None and not proposal.is_chain
         step = StepRequest(self.sequence_id, past_length=self.target_valid, input_ids=np.asarray(pending + nodes),
                            num_logits=len(nodes) + 1,
                            want_logits=self.need_target_logits and (proposal is not None or self.rows_always),
                            num_hidden=m + len(nodes) if self._want_features else 0,
-                           sampling=self._plain_draw() if proposal is None else SamplingParams())
+                           sampling=self._plain_draw() if proposal is None else SamplingParams(), num_steps=steps)
         if tree:
             step.tree_parents = np.asarray(
                 [i - 1 for i in range(m)] + [m - 1 if p < 0 else p + m for p in proposal.parents]
@@ -378,9 +379,9 @@ class _Run:
         result = await self._target(step, m + len(nodes))
         if proposal is None:
             self._keep_features(self.target_valid, result.hidden)
-            self.target_valid = len(self.tokens)
+            self.target_valid = len(self.tokens) + steps - 1  # the further steps' inputs are cached too
             started = self.gen._clock()
-            picked = self._pick(result)
+            picked = self._pick(result, steps)
             self.stats.add_time("accept", self.gen._clock() - started)
             return picked
         started = self.gen._clock()
@@ -591,6 +592,17 @@ class _Run:
         self.gen.costs.target.observe(scored, elapsed)
         return result
 
+    def _plain_steps(self) -> int:
+        """How many tokens a plain call picks (SpeculationConfig.plain_steps) when this iteration decodes plain
+        because speculation is off (load, sampling, fallback): only where the target picks them itself (no rows
+        come back: no logits options, grammar or log-probabilities), within max_tokens and the rows admission
+        reserved."""
+        if self.settings.plain_steps <= 1 or self.rows_always:
+            return 1
+        remaining = self.request.max_tokens - (len(self.tokens) - self.prompt_len)
+        room = min(self.request.rows_needed, self.gen.max_context_length) - len(self.tokens)
+        return max(1, min(self.settings.plain_steps, remaining, room))
+
     def _plain_draw(self) -> SamplingParams:
         """How the target picks a plain step's token: greedy, or drawn there from the request's sampling with a
         seed from this sequence's generator (so a seeded request's text does not depend on the load). With
@@ -599,12 +611,13 @@ class _Run:
             return SamplingParams()
         return replace(self.sampling, seed=int(self.rng.integers(0, 2**63)))
 
-    def _pick(self, result: StepResult) -> tuple[list[int], list[TokenLogprob] | None]:
-        """A plain step's token: the target's greedy choice or its draw (`_plain_draw`) after the last input, or
-        with logits options, chosen from the processed last row; and its log-probability where asked."""
+    def _pick(self, result: StepResult, steps: int = 1) -> tuple[list[int], list[TokenLogprob] | None]:
+        """A plain call's tokens: the target's greedy choices or its draws (`_plain_draw`) after the last input
+        and in its `steps` - 1 further steps, or with logits options, chosen from the processed last row; and
+        their log-probabilities where asked (one step then)."""
         if not self.processes_rows:
-            token = int(result.token_ids[-1])
-            return [token], (self._logprobs(result.logits[-1:], [token]) if result.logits is not None else None)
+            tokens = [int(token) for token in result.token_ids[-steps:]]
+            return tokens, (self._logprobs(result.logits[-1:], tokens) if result.logits is not None else None)
         row = self._processed(result.logits[-1:], [[]])
         token = int(row[0].argmax()) if self.sampling.greedy else sample(probabilities(row, self.sampling)[0], self.rng)
         return [token], self._logprobs(row, [token])

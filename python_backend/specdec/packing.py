@@ -20,7 +20,7 @@ from specdec.sampling import SamplingParams
 
 # The columns of a packed wave's step table, one row per step.
 STEP_COLUMNS = ("sequence_id", "past_length", "num_tokens", "num_logits", "num_hidden", "want_logits",
-                "num_tree_parents", "commit_base", "num_commit_rows", "top_k", "seed")
+                "num_tree_parents", "commit_base", "num_commit_rows", "top_k", "seed", "num_steps")
 # ... and of its sampling table (float32, as the unpacked path's inputs: a draw does not depend on the packing).
 SAMPLING_COLUMNS = ("temperature", "top_p")
 NO_SEED = -1
@@ -56,7 +56,7 @@ def pack_steps(steps: list[StepRequest]) -> PackedSteps:
         commit = np.zeros(0, np.int64) if step.commit_rows is None else np.asarray(step.commit_rows, np.int64)
         rows.append((step.sequence_id, step.past_length, len(step.input_ids), step.num_logits, step.num_hidden,
                      int(step.want_logits), len(tree), step.commit_base, len(commit), step.sampling.top_k,
-                     NO_SEED if step.sampling.seed is None else step.sampling.seed))
+                     NO_SEED if step.sampling.seed is None else step.sampling.seed, step.num_steps))
         sampling.append((step.sampling.temperature, step.sampling.top_p))
         ids.append(np.asarray(step.input_ids, np.int64))
         parents.append(tree)
@@ -96,6 +96,7 @@ def unpack_steps(packed: PackedSteps) -> list[StepRequest]:
             commit_base=int(column["commit_base"][i]), commit_rows=commits[i] if len(commits[i]) else None,
             sampling=SamplingParams(float(sampling[i, 0]), int(column["top_k"][i]), float(sampling[i, 1]),
                                     None if column["seed"][i] == NO_SEED else int(column["seed"][i])),
+            num_steps=int(column["num_steps"][i]),
         ))
     return steps
 
@@ -133,14 +134,16 @@ def unpack_results(steps: list[StepRequest], packed: PackedResults) -> list[Step
         if error:
             results.append(StepResult(error=SpecDecError(error)))
             continue
-        result = StepResult(token_ids=packed.token_ids[token_at:token_at + step.num_logits])
-        token_at += step.num_logits
+        picked = step.num_logits + step.num_steps - 1  # a token per scored position, then one per further step
+        result = StepResult(token_ids=packed.token_ids[token_at:token_at + picked])
+        token_at += picked
         if step.want_logits:
             result.logits = packed.logits[logits_at:logits_at + step.num_logits]
             logits_at += step.num_logits
         if step.num_hidden:
-            result.hidden = packed.hidden[hidden_at:hidden_at + step.num_hidden]
-            hidden_at += step.num_hidden
+            rows = step.num_hidden + step.num_steps - 1
+            result.hidden = packed.hidden[hidden_at:hidden_at + rows]
+            hidden_at += rows
         results.append(result)
     if token_at != len(packed.token_ids):
         raise SpecDecError(f"a packed wave returned {len(packed.token_ids)} token ids for {token_at} positions")

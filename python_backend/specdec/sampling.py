@@ -86,6 +86,14 @@ def make_rng(seed: int | None, *stream: int) -> np.random.Generator:
     return np.random.default_rng([seed & 0xFFFFFFFFFFFFFFFF, *stream])
 
 
+def step_seed(seed: int | None, step: int) -> int | None:
+    """The seed of a multi-step call's draw `step` (0 first): the call's seed itself, then seeds derived from it,
+    so a call of k steps draws what the same k calls of one step with these seeds would."""
+    if seed is None or step == 0:
+        return seed
+    return (seed * 1_000_003 + step) & 0x7FFFFFFFFFFFFFFF
+
+
 def sample_rows(logits: np.ndarray, params: list[SamplingParams]) -> np.ndarray:
     """One draw per row of `logits` [rows, vocab] from its row's temperature / top-k / top-p, in float32, with
     `make_rng(params.seed)` per row: the softmax and the nucleus candidates of every row in a few array

@@ -87,6 +87,8 @@ class BlsModelBackend:
             inputs.append(value_tensor("num_logits", step.num_logits, np.int32))
         if step.num_hidden:
             inputs.append(value_tensor("num_hidden", step.num_hidden, np.int32))
+        if step.num_steps != 1:
+            inputs.append(value_tensor("num_steps", step.num_steps, np.int32))
         if step.features is not None:
             inputs.append(pb_utils.Tensor("features", np.asarray(step.features, np.float32).reshape(1, -1)))
         if step.num_draft_tokens:

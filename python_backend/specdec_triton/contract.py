@@ -150,7 +150,10 @@ DRAFT_OUTPUTS = (*DECODER_OUTPUTS, TensorSpec("draft_parents", "INT32", (-1,))) 
 # ("" or the message) per step.
 PACKED_STEPS = TensorSpec("steps", "INT64", (-1, -1), optional=True, ragged=True)
 PACKED_SAMPLING = TensorSpec("step_sampling", "FP32", (-1, -1), optional=True, ragged=True)
-TARGET_INPUTS = (*DECODER_INPUTS, *SAMPLING_INPUTS, PACKED_STEPS, PACKED_SAMPLING)
+# Plain decoding: pick this many tokens in one call, each further one after a one-token step on the token before
+# (specdec.engines.StepRequest.num_steps); token_ids then ends with them all.
+NUM_STEPS = TensorSpec("num_steps", "INT32", optional=True)
+TARGET_INPUTS = (*DECODER_INPUTS, *SAMPLING_INPUTS, NUM_STEPS, PACKED_STEPS, PACKED_SAMPLING)
 TARGET_OUTPUTS = (*DECODER_OUTPUTS, TensorSpec("step_errors", "STRING", (-1,)))
 
 # Sequence-batcher control tensors delivered to target_model / draft_model.

@@ -67,6 +67,7 @@ def read_step(request: Any) -> StepRequest:
         want_logits="logits" in request.requested_output_names(),
         num_hidden=int(scalar(request, "num_hidden", 0)),
         features=features,
+        num_steps=int(scalar(request, "num_steps", 1)),
     )
 
 

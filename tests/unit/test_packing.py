@@ -106,3 +106,59 @@ def test_a_packed_wave_gives_each_step_what_it_gets_alone(tiny_pair):
             assert (mine is None) == (theirs is None)
             if mine is not None:
                 np.testing.assert_allclose(mine, theirs, rtol=0, atol=1e-4)  # torch pads the batch
+
+
+def test_a_call_of_several_steps_picks_what_one_step_calls_pick(tiny_pair):
+    """A target step with num_steps 4 (greedy, and drawn with a seed), packed beside a verification, returns the
+    tokens and features of four calls of one step each (the draws' seeds: specdec.sampling.step_seed)."""
+    from specdec.sampling import SamplingParams, step_seed
+
+    target_dir, _ = tiny_pair
+    prompts = [[1, 5, 9, 2, 7], [3, 3, 8, 1, 4, 4, 6, 2, 9, 9, 5, 1], [2, 4, 6]]
+
+    def engine_with_prompts() -> TargetEngine:
+        engine = TargetEngine(TorchLlamaRuntime(target_dir, num_slots=4, max_length=64), 60)
+        engine.step([StepRequest(10 + i, input_ids=np.array(p), start=True) for i, p in enumerate(prompts)])
+        return engine
+
+    drawn = SamplingParams(temperature=1.0, top_k=20, seed=77)
+    steps = [
+        StepRequest(10, past_length=5, input_ids=np.array([3]), num_steps=4, num_hidden=1),
+        StepRequest(11, past_length=12, input_ids=np.array([8, 1, 6]), num_logits=3, want_logits=True),
+        StepRequest(12, past_length=3, input_ids=np.array([5]), num_steps=4, sampling=drawn),
+    ]
+    unpacked = unpack_steps(pack_steps(steps))
+    assert [step.num_steps for step in unpacked] == [4, 1, 4]
+    engine = engine_with_prompts()
+    together = unpack_results(unpacked, pack_results(unpacked, engine.step(unpacked)))
+    assert [len(result.token_ids) for result in together] == [4, 3, 4]
+    assert together[0].hidden.shape[0] == 4
+    one_at_a_time = engine_with_prompts()
+    for i in (0, 2):
+        past, token, hidden = steps[i].past_length, steps[i].input_ids, []
+        for step in range(4):
+            sampling = SamplingParams(drawn.temperature, drawn.top_k, seed=step_seed(drawn.seed, step)) \
+                if i == 2 else SamplingParams()
+            result = one_at_a_time.step([StepRequest(steps[i].sequence_id, past_length=past, input_ids=token,
+                                                     sampling=sampling, num_hidden=steps[i].num_hidden)])[0]
+            assert result.token_ids[-1] == together[i].token_ids[step], (i, step)
+            if result.hidden is not None:
+                hidden.append(result.hidden)
+            past, token = past + 1, result.token_ids[-1:]
+        if hidden:
+            np.testing.assert_allclose(np.concatenate(hidden), together[i].hidden, rtol=0, atol=1e-4)
+    assert engine.slots.lookup(10).written_length == 5 + 4  # the input and three further steps' tokens
+
+
+def test_several_steps_are_refused_where_rows_come_back(tiny_pair):
+    """num_steps > 1 picks one token a step: a step that scores several rows or wants logits rows is refused,
+    naming the field, and so is num_steps < 1; the sequence's other steps still work."""
+    target_dir, _ = tiny_pair
+    engine = TargetEngine(TorchLlamaRuntime(target_dir, num_slots=2, max_length=64), 60)
+    engine.step([StepRequest(1, input_ids=np.array([4, 5, 6]), start=True)])
+    for step in (StepRequest(1, past_length=3, input_ids=np.array([1, 2]), num_logits=2, num_steps=2),
+                 StepRequest(1, past_length=3, input_ids=np.array([1]), want_logits=True, num_steps=2),
+                 StepRequest(1, past_length=3, input_ids=np.array([1]), num_steps=0)):
+        error = engine.step([step])[0].error
+        assert isinstance(error, InvalidRequestError) and error.field == "num_steps"
+    assert engine.step([StepRequest(1, past_length=3, input_ids=np.array([1]), num_steps=2)])[0].error is None

@@ -187,3 +187,24 @@ def test_an_expired_draft_slot_is_started_again(backend):
     out = run(SpeculativeGenerator(expiring, 160), GenerationRequest(PROMPTS[1], 30, settings=settings(3)), 42, stats)
     assert out == plain and stats.draft_failures == 0 and stats.verification_passes > 3
     assert backend.draft.slots_in_use == 0
+
+
+def test_plain_calls_of_several_steps_give_one_step_calls_output(backend):
+    """Where speculation is off, plain_steps tokens per target call: greedy output equal to one token a call (an
+    end token and max_tokens cutting a call short), a seeded draw reproducible, fewer target calls, slots freed."""
+    generator = SpeculativeGenerator(backend, 160)
+    plain = SpeculationSettings("text", "model", 0, 0, 1, "greedy", 0.7)
+    several = SpeculationSettings("text", "model", 0, 0, 1, "greedy", 0.7, plain_steps=4)
+    for prompt in PROMPTS:
+        one_stats, four_stats = GenerationStats(), GenerationStats()
+        one = run(generator, GenerationRequest(prompt, 30, settings=plain), stats=one_stats)
+        four = run(generator, GenerationRequest(prompt, 30, settings=several), stats=four_stats)
+        assert four == one and len(one) == 30
+        assert four_stats.target_calls <= 1 + (29 + 3) // 4 < one_stats.target_calls
+        end = one[13]  # the first time it occurs ends the output there
+        cut = run(generator, GenerationRequest(prompt, 30, end_ids=frozenset({end}), settings=several))
+        assert cut == one[:one.index(end)]
+    sampling = SamplingParams(temperature=1.0, top_k=20, seed=5)
+    drawn = [run(generator, GenerationRequest(PROMPTS[1], 30, sampling=sampling, settings=several)) for _ in range(2)]
+    assert drawn[0] == drawn[1] and len(drawn[0]) == 30
+    assert backend.target.slots_in_use == 0
