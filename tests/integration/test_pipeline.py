@@ -114,11 +114,16 @@ def test_concurrent_streams_match_sequential(server, all_prompts, plain_outputs,
     assert executions_of_five_or_more(after) > 0
     # A wave's steps travel as one request (specdec.packing): fewer requests reached target_model than steps (each
     # sequence's first step and its END go alone), far fewer where the profile decodes plain and waves stay whole
-    # (unpacked, every step would be a request; a full-suite run on 2 busy cores measured 483 steps in 173
-    # requests, isolated runs more than 3 steps a request).
+    # (unpacked, every step would be a request). Plain calls pick plain_steps tokens each, so a plain sequence
+    # makes few steps besides its first and its END: those are left out of the profile's count (a full-suite run
+    # on 2 busy cores measured 132 such steps in 52 requests).
     steps = (after - before).total("specdec_decoder_steps_total", model="target_model")
     requests_served = (after - before).total("nv_inference_request_success", model="target_model")
-    assert requests_served < steps / (2.5 if draft is None else 1.5), (requests_served, steps)
+    if draft is None:
+        alone = 2 * len(prompts)
+        assert requests_served - alone < (steps - alone) / 2, (requests_served, steps)
+    else:
+        assert requests_served < steps / 1.5, (requests_served, steps)
 
 
 def test_concurrent_seeded_sampled_streams_match_their_single_stream_answers(server, all_prompts):
