@@ -160,9 +160,8 @@ class TargetEngine(_Engine):
         batch: list[tuple[int, SlotEntry, ForwardItem]] = []
         for i, request in enumerate(requests):
             try:
-                if request.num_steps != 1 and not (
-                        request.num_steps > 1 and request.num_logits == 1 and not request.want_logits
-                        and request.tree_parents is None and len(request.input_ids)):
+                one_row = request.num_logits == 1 and not request.want_logits and request.tree_parents is None
+                if request.num_steps < 1 or (request.num_steps > 1 and not (one_row and len(request.input_ids))):
                     raise InvalidRequestError("num_steps", f"{request.num_steps}: must be 1, or more for a step that "
                                               "scores one position and returns no logits rows (no tree)")
                 entry = self._prepare(request, extra_rows=request.num_steps - 1)
@@ -207,11 +206,10 @@ class TargetEngine(_Engine):
             rows = np.stack([expand_to_vocab(output.logits, self.runtime.logit_ids, self.runtime.vocab_size)[-1]
                              for output in outputs])
             tokens = rows.argmax(axis=-1).astype(np.int64)
-            sampled = [n for n, (i, _) in enumerate(going) if not requests[i].sampling.greedy]
-            if sampled:
-                params = [replace(requests[going[n][0]].sampling, seed=step_seed(requests[going[n][0]].sampling.seed,
-                                                                                 step)) for n in sampled]
-                tokens[sampled] = sample_rows(rows[sampled], params)
+            drawing = [(n, requests[i].sampling) for n, (i, _) in enumerate(going) if not requests[i].sampling.greedy]
+            if drawing:
+                at = [n for n, _ in drawing]
+                tokens[at] = sample_rows(rows[at], [replace(p, seed=step_seed(p.seed, step)) for _, p in drawing])
             for (i, entry), token, output in zip(going, tokens, outputs, strict=True):
                 entry.written_length += 1
                 results[i].token_ids = np.append(results[i].token_ids, token)

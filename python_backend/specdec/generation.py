@@ -45,7 +45,7 @@ from specdec.grammar import Constraint
 from specdec.logits_processing import LogitsOptions
 from specdec.logprobs import TokenLogprob, token_logprobs
 from specdec.rejection_sampler import rejection_verify
-from specdec.sampling import SamplingParams, make_rng, probabilities, sample
+from specdec.sampling import SamplingParams, make_rng, probabilities, sample, step_seed
 from specdec.waves import WaveGate
 
 log = logging.getLogger(__name__)
@@ -165,10 +165,6 @@ def _checked(result: StepResult, model: str) -> StepResult:
     if result.error is not None:
         raise StepError(f"{model}: {result.error}")
     return result
-
-
-def _derived_seed(seed: int | None, iteration: int) -> int | None:
-    return None if seed is None else (seed * 1_000_003 + iteration) & 0x7FFFFFFFFFFFFFFF
 
 
 class SpeculativeGenerator:
@@ -534,7 +530,7 @@ class _Run:
         lossless_sampling = self.settings.acceptance == "rejection" and not self.sampling.greedy
         draft_sampling = SamplingParams(
             self.sampling.temperature, self.sampling.top_k, self.sampling.top_p,
-            _derived_seed(self.sampling.seed, self.iteration),
+            step_seed(self.sampling.seed, self.iteration),  # iteration >= 1 here: a seed derived per iteration
         ) if lossless_sampling else SamplingParams()
         started = self.gen._clock()
         try:
